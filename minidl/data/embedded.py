@@ -1,0 +1,210 @@
+"""The embedded dataset: ten procedurally drawn shape classes in the ImageNet folder layout.
+
+It lets the whole stack train and be tested without downloading anything. Each image is one
+shape of random size, position, rotation and colour on a random background colour with pixel
+noise and distractor strokes. Colours are drawn independently of the class (with a minimum
+luminance contrast between shape and background), so only the shape tells the classes apart.
+Every image is drawn from its own generator, seeded by (seed, split, class, index): the same
+seed gives byte-identical PNGs.
+"""
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from minidl.errors import UserError
+
+EMBEDDED_CLASSES = ("arrow", "bar", "crescent", "disk", "plus", "ring", "square", "star",
+                    "tee", "triangle")
+TRAIN_PER_CLASS = 600
+VAL_PER_CLASS = 100
+IMAGE_SIZE = 32
+MANIFEST = "manifest.json"
+# Bump when the drawing changes, so cached datasets made by older code are regenerated.
+GENERATOR_VERSION = 1
+
+SUPERSAMPLE = 4  # drawn at 4x resolution, then box-filtered down: antialiased edges
+# The difficulty: contrast, noise and clutter, and the shape's size.
+MIN_CONTRAST = 100  # minimum |luminance(shape) - luminance(background)|, 0-255 scale
+NOISE_SIGMA = (2, 8)  # range of the per-image standard deviation of pixel noise, 0-255 scale
+DISTRACTORS = (1, 4)  # range of the number of distractors, inclusive
+SHAPE_RADIUS = (0.28, 0.46)  # range of the shape's outer radius, as a fraction of the side
+
+
+def _star(points, inner):
+    return [(math.cos(math.pi * k / points) * (1 if k % 2 == 0 else inner),
+             math.sin(math.pi * k / points) * (1 if k % 2 == 0 else inner))
+            for k in range(2 * points)]
+
+
+# Polygon outlines in a unit frame (centred, fitting in the unit circle, pointing along +x).
+_POLYGONS = {
+    "arrow": [(-0.98, -0.17), (0.15, -0.17), (0.15, -0.55), (1, 0), (0.15, 0.55),
+              (0.15, 0.17), (-0.98, 0.17)],
+    "bar": [(-0.97, -0.24), (0.97, -0.24), (0.97, 0.24), (-0.97, 0.24)],
+    "plus": [(-0.2, -0.95), (0.2, -0.95), (0.2, -0.2), (0.95, -0.2), (0.95, 0.2), (0.2, 0.2),
+             (0.2, 0.95), (-0.2, 0.95), (-0.2, 0.2), (-0.95, 0.2), (-0.95, -0.2),
+             (-0.2, -0.2)],
+    "square": [(-0.7, -0.7), (0.7, -0.7), (0.7, 0.7), (-0.7, 0.7)],
+    "star": _star(5, 0.42),
+    "tee": [(-0.75, 0.3), (-0.19, 0.3), (-0.19, -0.95), (0.19, -0.95), (0.19, 0.3),
+            (0.75, 0.3), (0.75, 0.65), (-0.75, 0.65)],
+    "triangle": [(math.cos(a), math.sin(a)) for a in (0, 2 * math.pi / 3, 4 * math.pi / 3)],
+}
+# Round shapes as (radius, hole radius, hole offset along the rotation direction).
+_ROUND = {"disk": (0.9, 0.0, 0.0), "ring": (0.95, 0.55, 0.0), "crescent": (0.95, 0.8, 0.45)}
+assert set(_POLYGONS) | set(_ROUND) == set(EMBEDDED_CLASSES)
+
+
+def _luminance(rgb):
+    return 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
+
+
+def _colours(rng):
+    """A background and a shape colour, uniform over RGB, at least MIN_CONTRAST apart."""
+    background = rng.integers(0, 256, 3)
+    while True:  # rejection sampling, many candidates per round
+        shapes = rng.integers(0, 256, (64, 3))
+        ok = np.abs(_luminance(shapes) - _luminance(background)) >= MIN_CONTRAST
+        if ok.any():
+            return tuple(background.tolist()), tuple(shapes[ok.argmax()].tolist())
+
+
+def _draw_distractors(draw, rng, side):
+    """A few thin strokes, scribbles and small dots: clutter that is none of the classes."""
+    for _ in range(rng.integers(DISTRACTORS[0], DISTRACTORS[1] + 1)):
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        kind = rng.integers(3)
+        if kind == 0:  # straight stroke
+            xy = [tuple(p) for p in rng.uniform(0, side, (2, 2))]
+            draw.line(xy, fill=colour, width=int(rng.integers(1, 3)) * SUPERSAMPLE)
+        elif kind == 1:  # scribble: a short random walk
+            start = rng.uniform(0, side, 2)
+            steps = rng.normal(0, side / 8, (int(rng.integers(2, 5)), 2))
+            xy = [tuple(p) for p in start + np.cumsum(np.vstack([[0, 0], steps]), axis=0)]
+            draw.line(xy, fill=colour, width=SUPERSAMPLE, joint="curve")
+        else:  # dot, far smaller than the smallest disk
+            centre = rng.uniform(0, side, 2)
+            r = rng.uniform(0.5, 1.5) * SUPERSAMPLE
+            draw.ellipse([*(centre - r), *(centre + r)], fill=colour)
+
+
+def _draw_shape_mask(name, side, centre, radius, angle):
+    """An 8-bit mask of the shape (255 inside) at supersampled resolution."""
+    mask = Image.new("L", (side, side), 0)
+    draw = ImageDraw.Draw(mask)
+    cx, cy = centre
+    if name in _ROUND:
+        outer, hole, offset = _ROUND[name]
+        draw.ellipse([cx - outer * radius, cy - outer * radius,
+                      cx + outer * radius, cy + outer * radius], fill=255)
+        if hole:
+            hx = cx + offset * radius * math.cos(angle)
+            hy = cy + offset * radius * math.sin(angle)
+            draw.ellipse([hx - hole * radius, hy - hole * radius,
+                          hx + hole * radius, hy + hole * radius], fill=0)
+    else:
+        c, s = math.cos(angle), math.sin(angle)
+        draw.polygon([(cx + radius * (x * c - y * s), cy + radius * (x * s + y * c))
+                      for x, y in _POLYGONS[name]], fill=255)
+    return mask
+
+
+def draw_image(name, rng, image_size=IMAGE_SIZE):
+    """One RGB image of the class `name`, all randomness from the generator `rng`."""
+    side = image_size * SUPERSAMPLE
+    background, foreground = _colours(rng)
+    canvas = Image.new("RGB", (side, side), background)
+    _draw_distractors(ImageDraw.Draw(canvas), rng, side)
+    radius = rng.uniform(*SHAPE_RADIUS) * side
+    centre = rng.uniform(radius, side - radius, 2)
+    mask = _draw_shape_mask(name, side, centre, radius, rng.uniform(0, 2 * math.pi))
+    canvas.paste(foreground, mask=mask)
+    small = np.asarray(canvas.resize((image_size, image_size), Image.Resampling.BOX),
+                       dtype=np.float32)
+    noisy = small + rng.normal(0, rng.uniform(*NOISE_SIGMA), small.shape)
+    return Image.fromarray(np.clip(np.rint(noisy), 0, 255).astype(np.uint8))
+
+
+def _write_class(class_dir, seed, split_id, class_id, count, image_size):
+    class_dir.mkdir(parents=True)
+    for i in range(count):
+        rng = np.random.default_rng([seed, split_id, class_id, i])
+        image = draw_image(EMBEDDED_CLASSES[class_id], rng, image_size)
+        image.save(class_dir / f"{i:05d}.png")
+
+
+def _write_tree(folder, seed, counts, image_size):
+    """Write every split's class folders, one task per folder, in parallel on all cores."""
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        tasks = [pool.submit(_write_class, folder / split / name, seed, split_id, class_id,
+                             count, image_size)
+                 for split_id, (split, count) in enumerate(counts.items())
+                 for class_id, name in enumerate(EMBEDDED_CLASSES)]
+        for task in tasks:
+            task.result()  # re-raises a worker's exception
+
+
+def _write_json(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_manifest(root):
+    try:
+        return json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def make_embedded_dataset(root, seed=0, train_per_class=TRAIN_PER_CLASS,
+                          val_per_class=VAL_PER_CLASS, image_size=IMAGE_SIZE):
+    """Make (or find cached) the embedded dataset under `root`; return `root` as a Path.
+
+    The tree is written into a temporary sibling folder, the manifest last, and then renamed
+    to `root`: a folder named `root` with a matching manifest is always complete.
+    """
+    root = Path(root)
+    manifest = {"version": GENERATOR_VERSION, "seed": seed, "image_size": image_size,
+                "train_per_class": train_per_class, "val_per_class": val_per_class,
+                "classes": list(EMBEDDED_CLASSES)}
+    existing = _read_manifest(root)
+    if existing == manifest:
+        return root
+    if existing is None and root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise UserError(f"{root} exists and is not an embedded dataset: give the embedded "
+                        "dataset a new or empty folder")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        _write_tree(tmp, seed, {"train": train_per_class, "val": val_per_class}, image_size)
+        _write_json(tmp / MANIFEST, manifest)
+        _move_into_place(tmp, root, manifest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
+    return root
+
+
+def _move_into_place(tmp, root, manifest):
+    """Rename the finished `tmp` to `root`, replacing an empty folder or an outdated dataset."""
+    current = _read_manifest(root)
+    if current == manifest:  # another process finished the same dataset first
+        return
+    if current is None:
+        if root.exists():
+            root.rmdir()  # empty: checked before generating
+        tmp.rename(root)
+    else:  # an embedded dataset made with other parameters: swap it out, then delete it
+        old = tmp.with_name(tmp.name + "-old")
+        root.rename(old)
+        tmp.rename(root)
+        shutil.rmtree(old)

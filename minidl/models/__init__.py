@@ -1,0 +1,6 @@
+"""Model zoo: `minidl.models.resnet50(num_classes=1000)` and friends; `MODELS` maps names to builders."""
+from minidl.models.resnet import MODELS, BasicBlock, Bottleneck, ResNet
+
+globals().update(MODELS)  # resnet18 ... resnet152, resnet20/32/56 as module attributes
+
+__all__ = ["MODELS", "BasicBlock", "Bottleneck", "ResNet", *MODELS]

@@ -1,0 +1,151 @@
+"""The ResNet family (He et al. 2016), NHWC, with torchvision's module names.
+
+ImageNet models (`resnet18` ... `resnet152`): 7×7 stride-2 stem and 3×3 max pool, four
+stages of 64/128/256/512 planes; v1.5, i.e. a bottleneck downsamples in its 3×3 conv, not its
+first 1×1. `resnet50(num_classes=1000)` has 25,557,032 parameters, as torchvision's does.
+
+CIFAR models (`resnet20/32/56`, depth 6n+2): 3×3 stem, three stages of n basic blocks with
+16/32/64 channels. Shortcuts that change shape use a 1×1 convolution + BN (He et al.'s
+option B), the same kind of shortcut as the ImageNet models.
+
+Initialization (Goyal et al.): He normal (fan_out) for convolutions, γ = 1 and β = 0 for BN,
+N(0, 0.01) for the classifier's weight and 0 for its bias; with `zero_init_residual` the
+last BN of every residual block starts at γ = 0, so each block starts as the identity.
+"""
+import math
+
+from minidl import nn, ops
+
+
+def conv3x3(in_channels, out_channels, stride=1):
+    return nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+
+
+def conv1x1(in_channels, out_channels, stride=1):
+    return nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
+
+
+def shortcut(in_channels, out_channels, stride):
+    """The projection shortcut where the block changes shape; None (identity) otherwise."""
+    if stride == 1 and in_channels == out_channels:
+        return None
+    return nn.Sequential(conv1x1(in_channels, out_channels, stride), nn.BatchNorm2d(out_channels))
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_channels, planes, stride=1):
+        super().__init__()
+        self.conv1 = conv3x3(in_channels, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = shortcut(in_channels, planes, stride)
+
+    @property
+    def last_bn(self):
+        return self.bn2
+
+    def forward(self, x):
+        out = ops.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return ops.relu(ops.add(out, identity))
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, in_channels, planes, stride=1):
+        super().__init__()
+        self.conv1 = conv1x1(in_channels, planes)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = conv3x3(planes, planes, stride)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = conv1x1(planes, planes * self.expansion)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.downsample = shortcut(in_channels, planes * self.expansion, stride)
+
+    @property
+    def last_bn(self):
+        return self.bn3
+
+    def forward(self, x):
+        out = ops.relu(self.bn1(self.conv1(x)))
+        out = ops.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return ops.relu(ops.add(out, identity))
+
+
+class ResNet(nn.Module):
+    """Stem, stages of residual blocks, global average pool, classifier."""
+
+    def __init__(self, stem, block, stage_planes, stage_blocks, num_classes, zero_init_residual):
+        super().__init__()
+        for name, module in stem:
+            setattr(self, name, module)
+        in_channels = stage_planes[0]
+        for index, (planes, blocks) in enumerate(zip(stage_planes, stage_blocks)):
+            stride = 1 if index == 0 else 2
+            stage = []
+            for b in range(blocks):
+                stage.append(block(in_channels, planes, stride if b == 0 else 1))
+                in_channels = planes * block.expansion
+            setattr(self, f"layer{index + 1}", nn.Sequential(*stage))
+        self.stem_names = [name for name, _ in stem]
+        self.num_stages = len(stage_planes)
+        self.avgpool = nn.GlobalAvgPool()
+        self.fc = nn.Linear(in_channels, num_classes)
+        self._init(zero_init_residual)
+
+    def _init(self, zero_init_residual):
+        for _, module in self.named_modules():
+            if isinstance(module, nn.Conv2d):
+                k, r, s, _ = module.weight.shape
+                module.weight.data[...] = nn.init_normal(module.weight.shape, math.sqrt(2.0 / (k * r * s)))
+            elif zero_init_residual and isinstance(module, (BasicBlock, Bottleneck)):
+                module.last_bn.weight.data[...] = 0
+        self.fc.weight.data[...] = nn.init_normal(self.fc.weight.shape, 0.01)
+        self.fc.bias.data[...] = 0
+
+    def forward(self, x):
+        for name in self.stem_names:
+            x = getattr(self, name)(x)
+        for index in range(self.num_stages):
+            x = getattr(self, f"layer{index + 1}")(x)
+        return self.fc(self.avgpool(x))
+
+
+def imagenet_stem():
+    return [("conv1", nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)), ("bn1", nn.BatchNorm2d(64)),
+            ("relu", nn.ReLU()), ("maxpool", nn.MaxPool2d(3, stride=2, padding=1))]
+
+
+def cifar_stem():
+    return [("conv1", conv3x3(3, 16)), ("bn1", nn.BatchNorm2d(16)), ("relu", nn.ReLU())]
+
+
+def _imagenet_resnet(block, stage_blocks):
+    def build(num_classes=1000, zero_init_residual=False):
+        return ResNet(imagenet_stem(), block, (64, 128, 256, 512), stage_blocks, num_classes, zero_init_residual)
+    return build
+
+
+def _cifar_resnet(depth):
+    def build(num_classes=10, zero_init_residual=False):
+        return ResNet(cifar_stem(), BasicBlock, (16, 32, 64), [(depth - 2) // 6] * 3, num_classes, zero_init_residual)
+    return build
+
+
+MODELS = {
+    "resnet18": _imagenet_resnet(BasicBlock, (2, 2, 2, 2)),
+    "resnet34": _imagenet_resnet(BasicBlock, (3, 4, 6, 3)),
+    "resnet50": _imagenet_resnet(Bottleneck, (3, 4, 6, 3)),
+    "resnet101": _imagenet_resnet(Bottleneck, (3, 4, 23, 3)),
+    "resnet152": _imagenet_resnet(Bottleneck, (3, 8, 36, 3)),
+    "resnet20": _cifar_resnet(20),
+    "resnet32": _cifar_resnet(32),
+    "resnet56": _cifar_resnet(56),
+}

@@ -1,0 +1,14 @@
+"""Differentiable operations on NHWC tensors (reference implementations in xp code).
+
+These run on NumPy and CuPy alike and are the oracle for the CUDA kernels.
+"""
+from minidl.autograd import add
+from minidl.ops.activation import relu
+from minidl.ops.conv import conv2d
+from minidl.ops.linear import linear
+from minidl.ops.loss import softmax_cross_entropy
+from minidl.ops.norm import batch_norm
+from minidl.ops.pool import global_avg_pool, max_pool2d
+
+__all__ = ["add", "batch_norm", "conv2d", "global_avg_pool", "linear", "max_pool2d", "relu",
+           "softmax_cross_entropy"]
