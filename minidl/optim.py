@@ -15,6 +15,7 @@ import numpy
 
 from minidl.autograd import Tensor
 from minidl.backend import get_array_module
+from minidl.ops.sgd import sgd_momentum_update
 
 EXEMPT_KINDS = ("bias", "norm")
 
@@ -76,7 +77,7 @@ class SGD:
         self.decay = self.flat.per_element(rates) if any(rates) else None
         xp = get_array_module(self.flat.data)
         self.velocity = xp.zeros_like(self.flat.data)
-        self._direction = xp.empty_like(self.flat.data)  # scratch, reused every step
+        self._scratch = xp.empty_like(self.flat.data)  # reused every step
 
     @property
     def params(self):
@@ -86,16 +87,5 @@ class SGD:
         self.flat.zero_grad()
 
     def step(self):
-        xp = get_array_module(self.flat.data)
-        w, g, u, d = self.flat.data, self.flat.grad, self.velocity, self._direction
-        xp.multiply(g, self.grad_scale, out=d)
-        if self.decay is not None:
-            d += self.decay * w
-        u *= self.momentum
-        u += d
-        if self.nesterov:
-            d += self.momentum * u
-            d *= self.lr
-        else:
-            xp.multiply(u, self.lr, out=d)
-        w -= d
+        sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, self._scratch, self.lr,
+                            self.momentum, self.grad_scale, self.decay, self.nesterov)
