@@ -1,21 +1,16 @@
 """Train a ResNet with minidl.
 
     python train.py                                   # the embedded default: resnet20, minutes on a CPU
-    python train.py --data-path /data/imagenet --model resnet50 -b 32 --epochs 90
+    python train.py --data-path /data/imagenet --recipe goyal
+    python train.py --recipe goyal --print-schedule --world-size 256 --dataset-size 1281167
 
-Flags follow torchvision's reference trainer where it has one. With no --data-path the run
-uses the embedded dataset (generated once into the cache) and a CIFAR-style profile; with one,
-ImageNet's profile. Any flag given explicitly overrides the profile.
+Flags follow torchvision's reference trainer where it has one. A flag left out takes its value
+from --recipe if one is given, else from the dataset profile (the embedded dataset without
+--data-path, ImageNet's with it), else the base default; any flag given explicitly wins.
 """
 import argparse
+import json
 import sys
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Show a flag's default unless it is None (a profile's default, explained in its help)."""
-
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -26,58 +21,109 @@ class OneLineErrorParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def steps(text):
+def int_list(text):
     try:
-        return tuple(int(step) for step in text.split(","))
+        return tuple(int(item) for item in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of epochs, e.g. 30,60,80")
 
 
-def profile_default(field):
-    from minidl.config import EMBEDDED_PROFILE, IMAGENET_PROFILE
-    return f"default: {EMBEDDED_PROFILE[field]} on the embedded dataset, {IMAGENET_PROFILE[field]} with --data-path"
+def layered_default(field):
+    """Where an unset flag's value comes from, for --help."""
+    from minidl.config import BASE_DEFAULTS, EMBEDDED_PROFILE, IMAGENET_PROFILE
+    if field in EMBEDDED_PROFILE:
+        return f"{EMBEDDED_PROFILE[field]} on the embedded dataset, {IMAGENET_PROFILE[field]} with --data-path"
+    return str(BASE_DEFAULTS.get(field))
 
 
-def parse_args(argv=None):
-    from minidl.config import Config
+def build_parser():
+    from minidl.config import OPTIMIZERS, RECIPES, Config
+    from minidl.data import TRAIN_TRANSFORMS
+    from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS
     d = Config()
-    p = OneLineErrorParser(prog="train.py", description=__doc__.split("\n\n")[0],
-                           formatter_class=HelpFormatter)
-    p.add_argument("--data-path", default=None, help="ImageNet-layout folder with train/<class>/ and val/<class>/ "
-                   "(default: the embedded dataset)")
-    p.add_argument("--model", default=None, help=profile_default("model"))
-    p.add_argument("-b", "--batch-size", type=int, default=None, help="images per process; " + profile_default("batch_size"))
-    p.add_argument("--epochs", type=int, default=None, help=profile_default("epochs"))
-    p.add_argument("--lr", type=float, default=d.lr, help="learning rate")
-    p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
-    p.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=None,
-                   help=profile_default("weight_decay"))
-    p.add_argument("--norm-weight-decay", type=float, default=None,
-                   help="weight decay of BN parameters and biases (default: the same as --wd)")
-    p.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
-    p.add_argument("--label-smoothing", type=float, default=d.label_smoothing, help="ε of torch's label smoothing")
-    p.add_argument("--lr-scheduler", default=d.lr_scheduler, help="cosine, step or constant")
-    p.add_argument("--lr-steps", type=steps, default=d.lr_steps, help="epochs where the step scheduler decays")
-    p.add_argument("--lr-gamma", type=float, default=d.lr_gamma, help="decay factor of the step scheduler")
-    p.add_argument("--train-crop-size", type=int, default=None, help=profile_default("train_crop_size"))
-    p.add_argument("--val-crop-size", type=int, default=None, help=profile_default("val_crop_size"))
-    p.add_argument("--val-resize-size", type=int, default=None, help=profile_default("val_resize_size"))
-    p.add_argument("--augment", default=None, help="imagenet (random-resized-crop + flip), cifar (pad 4, "
-                   "random crop, flip) or none; " + profile_default("augment"))
-    p.add_argument("--output-dir", default=d.output_dir, help="where metrics.jsonl and summary.json go")
-    p.add_argument("--cache-dir", default=d.cache_dir, help="where the embedded dataset is generated "
-                   "($MINIDL_CACHE overrides the default)")
-    p.add_argument("--seed", type=int, default=d.seed, help="drives initialization, data order and augmentation")
-    p.add_argument("--print-freq", type=int, default=d.print_freq, help="iterations between progress updates")
-    p.add_argument("-j", "--workers", type=int, default=d.workers,
-                   help="data loading processes (0: load in the training process)")
-    return Config(**vars(p.parse_args(argv)))
+    p = OneLineErrorParser(prog="train.py", description=__doc__.split("\n\n")[0])
+
+    def flag(*names, field=None, **kwargs):
+        field = field or names[-1].lstrip("-").replace("-", "_")
+        kwargs.setdefault("default", None)
+        note = kwargs.pop("note", None) or (f"default: {layered_default(field)}" if kwargs["default"] is None
+                                            else "default: %(default)s")
+        kwargs["help"] = f"{kwargs.get('help', '')} ({note})".lstrip()
+        group.add_argument(*names, dest=field, **kwargs)
+
+    group = p.add_argument_group("data and model")
+    flag("--data-path", help="ImageNet-layout folder with train/<class>/ and val/<class>/",
+         note="default: the embedded dataset")
+    flag("--model", help="resnet18/34/50/101/152 or resnet20/32/56")
+    flag("--augment", choices=TRAIN_TRANSFORMS, help="imagenet: random-resized-crop + flip; cifar: pad 4, "
+         "random crop, flip; none: resize + center crop")
+    flag("--train-crop-size", type=int)
+    flag("--val-crop-size", type=int)
+    flag("--val-resize-size", type=int)
+    flag("-j", "--workers", type=int, default=d.workers, help="data loading processes (0: in the training process)")
+    flag("--zero-init-residual", action="store_const", const=True, help="γ = 0 in the last BN of every block")
+
+    group = p.add_argument_group("batch and recipe")
+    flag("--recipe", choices=tuple(RECIPES), help="fill unset flags from a paper's recipe", note="default: none")
+    flag("-b", "--batch-size", type=int, help="images per process and step")
+    flag("--batch-schedule", help="GLOBAL batch from each epoch on, e.g. 0:8192,30:16384 (batch-size control)",
+         note="default: -b times the number of processes")
+    flag("--max-per-rank-batch", type=int, help="largest micro-batch per process; above it gradients accumulate",
+         note="default: no limit")
+    flag("--epochs", type=int)
+
+    group = p.add_argument_group("optimizer")
+    flag("--opt", choices=OPTIMIZERS, help="SGD with momentum, or LARS")
+    flag("--lr", type=float, help="reference learning rate for --lr-base-batch images (linear scaling rule)")
+    flag("--lr-base-batch", type=int, help="the global batch the reference rate is for")
+    flag("--momentum", type=float)
+    flag("--nesterov", action="store_true", default=False, help="Nesterov momentum")
+    flag("--wd", "--weight-decay", field="weight_decay", type=float)
+    flag("--norm-weight-decay", type=float, help="weight decay of BN parameters and biases",
+         note="default: the same as --wd")
+    flag("--lars-eta", type=float, help="LARS trust coefficient")
+    flag("--label-smoothing", type=float, help="ε of torch's label smoothing")
+
+    group = p.add_argument_group("learning-rate schedule")
+    flag("--lr-scheduler", choices=LR_SCHEDULERS, help="decay after warmup")
+    flag("--lr-steps", type=int_list, help="epochs where the step scheduler multiplies by --lr-gamma")
+    flag("--lr-gamma", type=float)
+    flag("--lr-power", type=float, help="exponent of the poly scheduler")
+    flag("--lr-warmup-epochs", type=float)
+    flag("--lr-warmup-method", choices=WARMUP_METHODS, help="linear: gradual per iteration; constant: hold the start")
+    flag("--lr-warmup-start", type=float, help="rate at the first iteration", note="default: the reference --lr")
+    flag("--print-schedule", action="store_true", default=False,
+         help="print each epoch's global batch, per-rank batch, accumulation steps and lr as JSON, and exit")
+    flag("--world-size", type=int, help="with --print-schedule: pretend this many processes",
+         note="default: the real number")
+    flag("--dataset-size", type=int, help="with --print-schedule: pretend this many training images",
+         note="default: the real number")
+
+    group = p.add_argument_group("run")
+    flag("--output-dir", default=d.output_dir, help="where config.json, metrics.jsonl and summary.json go")
+    flag("--cache-dir", default=d.cache_dir, help="where the embedded dataset is generated ($MINIDL_CACHE)")
+    flag("--seed", type=int, default=d.seed, help="drives initialization, data order and augmentation")
+    flag("--print-freq", type=int, default=d.print_freq, help="steps between progress-bar updates")
+    return p
+
+
+def print_schedule(config, world_size, dataset_size):
+    from minidl.trainer import schedule_rows
+    config = config.resolved()
+    for row in schedule_rows(config, world_size or 1, dataset_size):
+        print(json.dumps(row))
 
 
 def main(argv=None):
     from minidl.errors import UserError
     try:  # imports inside: choosing the device (MINIDL_DEVICE) can itself be a user error
-        config = parse_args(argv)
+        from minidl.config import Config
+        args = vars(build_parser().parse_args(argv))
+        schedule_only, world_size, dataset_size = (args.pop(k) for k in ("print_schedule", "world_size", "dataset_size"))
+        config = Config(**args)
+        if schedule_only:
+            print_schedule(config, world_size, dataset_size)
+            return 0
         from minidl.trainer import run
         run(config)
     except UserError as error:

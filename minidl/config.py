@@ -1,9 +1,11 @@
 """The training configuration: every knob of a run, its defaults, and its validation.
 
-Fields left as None are filled from a profile: the embedded default (a small CIFAR-style
-ResNet on the embedded dataset, minutes on a laptop CPU) when no data path is given,
-ImageNet's (torchvision's reference recipe) when one is. Explicit values always win.
-Validation raises UserError with one line naming the problem and the fix.
+A field left as None is filled from layers, the first that sets it winning:
+  1. a recipe (`--recipe goyal|sony`): the papers' hyper-parameters;
+  2. the dataset profile: the embedded default (a CIFAR-style ResNet on the embedded dataset,
+     minutes on a laptop CPU) without --data-path, ImageNet's (torchvision's reference) with it;
+  3. the base defaults.
+Explicit values always win. Validation raises UserError naming the problem and the fix.
 """
 import dataclasses
 import os
@@ -12,12 +14,36 @@ from pathlib import Path
 from minidl.data import TRAIN_TRANSFORMS
 from minidl.errors import UserError
 from minidl.models import MODELS
-from minidl.schedule import LR_SCHEDULERS
+from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS, BatchSchedule
 
-EMBEDDED_PROFILE = dict(model="resnet20", batch_size=128, epochs=10, weight_decay=5e-4,
-                        train_crop_size=32, val_crop_size=32, val_resize_size=32, augment="cifar")
-IMAGENET_PROFILE = dict(model="resnet50", batch_size=32, epochs=90, weight_decay=1e-4,
-                        train_crop_size=224, val_crop_size=224, val_resize_size=256, augment="imagenet")
+OPTIMIZERS = ("sgd", "lars")
+
+EMBEDDED_PROFILE = dict(model="resnet20", batch_size=128, epochs=10, lr=0.2, weight_decay=5e-4,
+                        lr_scheduler="cosine", train_crop_size=32, val_crop_size=32, val_resize_size=32,
+                        augment="cifar")
+IMAGENET_PROFILE = dict(model="resnet50", batch_size=32, epochs=90, lr=0.1, weight_decay=1e-4,
+                        lr_scheduler="step", train_crop_size=224, val_crop_size=224, val_resize_size=256,
+                        augment="imagenet")
+BASE_DEFAULTS = dict(lr_base_batch=256, momentum=0.9, label_smoothing=0.0, lr_steps=(30, 60, 80),
+                     lr_gamma=0.1, lr_power=2.0, lr_warmup_epochs=0.0, lr_warmup_method="linear",
+                     opt="sgd", lars_eta=0.001, zero_init_residual=False)
+
+RECIPES = {
+    # Goyal et al. 2017: k workers × 32 images, 0.1 per 256 scaled linearly, 5-epoch gradual
+    # warmup from 0.1, ÷10 at epochs 30/60/80 of 90, no weight decay on BN and biases, γ = 0
+    # in the last BN of every residual block.
+    "goyal": dict(model="resnet50", batch_size=32, lr=0.1, lr_base_batch=256, lr_warmup_epochs=5.0,
+                  lr_warmup_method="linear", lr_warmup_start=0.1, lr_scheduler="step", lr_steps=(30, 60, 80),
+                  lr_gamma=0.1, epochs=90, weight_decay=1e-4, momentum=0.9, norm_weight_decay=0.0,
+                  zero_init_residual=True),
+    # In the spirit of Mikami et al. 2018 (224 s on 2176 GPUs): batch-size control from 34K
+    # (16 per GPU) to 68K (32 per GPU), label smoothing 0.1, warmup, no weight decay on BN and
+    # biases. The switch epoch and the polynomial decay are our choices, not the paper's.
+    "sony": dict(model="resnet50", batch_schedule="0:34816,30:69632", lr=0.1, lr_base_batch=256,
+                 lr_warmup_epochs=5.0, lr_warmup_method="linear", lr_warmup_start=0.1, lr_scheduler="poly",
+                 lr_power=2.0, epochs=90, weight_decay=1e-4, momentum=0.9, norm_weight_decay=0.0,
+                 label_smoothing=0.1, zero_init_residual=True),
+}
 
 
 def default_cache_dir():
@@ -27,18 +53,29 @@ def default_cache_dir():
 @dataclasses.dataclass
 class Config:
     data_path: str | None = None
+    recipe: str | None = None
     model: str | None = None
-    batch_size: int | None = None  # per process
+    batch_size: int | None = None  # per process, when there is no batch schedule
+    batch_schedule: str | None = None  # "EPOCH:GLOBAL_BATCH,...": the global batch from each epoch on
+    max_per_rank_batch: int | None = None  # above it, gradients accumulate over micro-batches
     epochs: int | None = None
-    lr: float = 0.1
-    momentum: float = 0.9
+    opt: str | None = None
+    lr: float | None = None  # the reference rate, for lr_base_batch images
+    lr_base_batch: int | None = None
+    momentum: float | None = None
     weight_decay: float | None = None
     norm_weight_decay: float | None = None  # None: the same as weight_decay
     nesterov: bool = False
-    label_smoothing: float = 0.0
-    lr_scheduler: str = "cosine"
-    lr_steps: tuple = (30, 60, 80)
-    lr_gamma: float = 0.1
+    lars_eta: float | None = None
+    label_smoothing: float | None = None
+    lr_scheduler: str | None = None
+    lr_steps: tuple | None = None
+    lr_gamma: float | None = None
+    lr_power: float | None = None
+    lr_warmup_epochs: float | None = None
+    lr_warmup_method: str | None = None
+    lr_warmup_start: float | None = None  # None: the reference rate
+    zero_init_residual: bool | None = None
     train_crop_size: int | None = None
     val_crop_size: int | None = None
     val_resize_size: int | None = None
@@ -50,34 +87,75 @@ class Config:
     workers: int = 0
 
     def resolved(self):
-        """A copy with the profile's defaults filled in, validated."""
-        profile = IMAGENET_PROFILE if self.data_path else EMBEDDED_PROFILE
-        filled = {k: v for k, v in profile.items() if getattr(self, k) is None}
+        """A copy with the layers' defaults filled in, validated."""
+        if self.recipe is not None and self.recipe not in RECIPES:
+            raise UserError(f"unknown --recipe {self.recipe!r}: choose one of {', '.join(RECIPES)}")
+        if self.batch_size is not None and self.batch_schedule is not None:
+            raise UserError("give either -b/--batch-size (images per rank) or --batch-schedule "
+                            "(global batch per epoch), not both")
+        layers = [RECIPES.get(self.recipe, {}), IMAGENET_PROFILE if self.data_path else EMBEDDED_PROFILE,
+                  BASE_DEFAULTS]
+        filled = {}
+        for layer in layers:
+            for name, value in layer.items():
+                if getattr(self, name) is None and name not in filled:
+                    filled[name] = value
+        # one way to give the batch: an explicit -b beats a recipe's schedule, a schedule beats -b defaults
+        if self.batch_size is not None:
+            filled.pop("batch_schedule", None)
+        elif self.batch_schedule is not None or "batch_schedule" in filled:
+            filled["batch_size"] = None
         config = dataclasses.replace(self, **filled)
         config.validate()
         return config
 
+    def batches(self, world_size):
+        """The global batch schedule: --batch-schedule, or -b images on every rank throughout."""
+        if self.batch_schedule:
+            return BatchSchedule.parse(self.batch_schedule)
+        return BatchSchedule([(0, self.batch_size * world_size)])
+
     def validate(self):
         if self.model not in MODELS:
             raise UserError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
-        for flag, value in (("--batch-size", self.batch_size), ("--epochs", self.epochs),
-                            ("--print-freq", self.print_freq), ("--train-crop-size", self.train_crop_size),
-                            ("--val-crop-size", self.val_crop_size), ("--val-resize-size", self.val_resize_size)):
+        if self.batch_schedule:
+            BatchSchedule.parse(self.batch_schedule)
+        elif self.batch_size is None or self.batch_size <= 0:
+            raise UserError(f"--batch-size must be a positive integer, got {self.batch_size}")
+        for flag, value in (("--epochs", self.epochs),
+                            ("--lr-base-batch", self.lr_base_batch), ("--print-freq", self.print_freq),
+                            ("--train-crop-size", self.train_crop_size), ("--val-crop-size", self.val_crop_size),
+                            ("--val-resize-size", self.val_resize_size)):
             if value is None or value <= 0:
                 raise UserError(f"{flag} must be a positive integer, got {value}")
+        if self.max_per_rank_batch is not None and self.max_per_rank_batch <= 0:
+            raise UserError(f"--max-per-rank-batch must be a positive integer, got {self.max_per_rank_batch}")
         if not self.lr > 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
+        if self.lr_warmup_start is not None and not self.lr_warmup_start > 0:
+            raise UserError(f"--lr-warmup-start must be positive, got {self.lr_warmup_start}")
         if not 0 <= self.momentum < 1:
             raise UserError(f"--momentum must be in [0, 1), got {self.momentum}")
-        for flag, value in (("--wd", self.weight_decay), ("--norm-weight-decay", self.norm_weight_decay)):
+        for flag, value in (("--wd", self.weight_decay), ("--norm-weight-decay", self.norm_weight_decay),
+                            ("--lr-warmup-epochs", self.lr_warmup_epochs), ("--lr-power", self.lr_power)):
             if value is not None and value < 0:
                 raise UserError(f"{flag} must be >= 0, got {value}")
-        if self.nesterov and self.momentum == 0:
-            raise UserError("--nesterov needs a positive --momentum")
+        if self.nesterov and (self.momentum == 0 or self.opt != "sgd"):
+            raise UserError("--nesterov needs --opt sgd and a positive --momentum")
+        if self.opt not in OPTIMIZERS:
+            raise UserError(f"unknown --opt {self.opt!r}: choose one of {', '.join(OPTIMIZERS)}")
+        if not self.lars_eta > 0:
+            raise UserError(f"--lars-eta must be positive, got {self.lars_eta}")
         if not 0 <= self.label_smoothing < 1:
             raise UserError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.lr_scheduler not in LR_SCHEDULERS:
             raise UserError(f"unknown --lr-scheduler {self.lr_scheduler!r}: choose one of {', '.join(LR_SCHEDULERS)}")
+        if self.lr_warmup_method not in WARMUP_METHODS:
+            raise UserError(f"unknown --lr-warmup-method {self.lr_warmup_method!r}: choose one of "
+                            f"{', '.join(WARMUP_METHODS)}")
+        if self.lr_warmup_epochs >= self.epochs:
+            raise UserError(f"--lr-warmup-epochs {self.lr_warmup_epochs} leaves no epochs after warmup: "
+                            f"make it smaller than --epochs {self.epochs}")
         if not 0 < self.lr_gamma <= 1:
             raise UserError(f"--lr-gamma must be in (0, 1], got {self.lr_gamma}")
         if list(self.lr_steps) != sorted(self.lr_steps) or any(step <= 0 for step in self.lr_steps):

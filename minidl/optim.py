@@ -61,23 +61,24 @@ class FlatParameters:
         self.grad.fill(0)
 
 
-class SGD:
-    """SGD with momentum in torch's form:  u ← m·u + (s·g + λ·w);  w ← w − η·u
-    (nesterov: w ← w − η·(s·g + λ·w + m·u)), s = grad_scale, λ per parameter."""
+class FlatOptimizer:
+    """What every optimizer here shares: the flat buffers, a momentum buffer, the per-element
+    weight decay, and the knobs the trainer sets per step (`lr`, `grad_scale`)."""
 
-    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, nesterov=False,
-                 norm_weight_decay=None, grad_scale=1.0, align=1024):
-        if nesterov and momentum <= 0:
-            raise ValueError("nesterov momentum needs momentum > 0")
+    def __init__(self, params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align):
         self.flat = FlatParameters(params, align)
-        self.lr, self.momentum, self.nesterov, self.grad_scale = lr, momentum, nesterov, grad_scale
+        self.lr, self.momentum, self.grad_scale = lr, momentum, grad_scale
         exempt_rate = weight_decay if norm_weight_decay is None else norm_weight_decay
-        rates = [exempt_rate if getattr(p, "kind", "weight") in EXEMPT_KINDS else weight_decay
-                 for p in self.flat.params]
-        self.decay = self.flat.per_element(rates) if any(rates) else None
+        self.rates = [exempt_rate if self.is_exempt(p) else weight_decay for p in self.flat.params]
+        self.decay = self.flat.per_element(self.rates) if any(self.rates) else None
         xp = get_array_module(self.flat.data)
         self.velocity = xp.zeros_like(self.flat.data)
         self._scratch = xp.empty_like(self.flat.data)  # reused every step
+
+    @staticmethod
+    def is_exempt(param):
+        """Biases and normalization parameters: their own weight decay, no LARS scaling."""
+        return getattr(param, "kind", "weight") in EXEMPT_KINDS
 
     @property
     def params(self):
@@ -86,6 +87,71 @@ class SGD:
     def zero_grad(self):
         self.flat.zero_grad()
 
+
+class SGD(FlatOptimizer):
+    """SGD with momentum in torch's form:  u ← m·u + (s·g + λ·w);  w ← w − η·u
+    (nesterov: w ← w − η·(s·g + λ·w + m·u)), s = grad_scale, λ per parameter."""
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, nesterov=False,
+                 norm_weight_decay=None, grad_scale=1.0, align=1024):
+        if nesterov and momentum <= 0:
+            raise ValueError("nesterov momentum needs momentum > 0")
+        super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align)
+        self.nesterov = nesterov
+
     def step(self):
         sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, self._scratch, self.lr,
                             self.momentum, self.grad_scale, self.decay, self.nesterov)
+
+
+class LARS(FlatOptimizer):
+    """Layer-wise adaptive rate scaling (You, Gitman and Ginsburg, 2017).
+
+    Each parameter tensor l gets its own rate, lr·trust_l, with
+        trust_l = η·‖w_l‖ / (‖g_l‖ + λ_l·‖w_l‖)     (1 where a norm is 0, and for exempt tensors)
+        v ← m·v + lr·trust·(g + λ·w);   w ← w − v      (g already multiplied by grad_scale)
+    The per-tensor norms come from one weighted bincount over a per-element tensor index,
+    so a step is a few passes over the flat buffers, never a loop over parameters. With the
+    rate inside v, a change of lr rescales v by lr_new/lr_old (Goyal's momentum correction).
+    """
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.001,
+                 norm_weight_decay=None, grad_scale=1.0, align=1024):
+        super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align)
+        xp = get_array_module(self.flat.data)
+        self.eta = eta
+        index = numpy.full(len(self.flat.data), len(self.flat.params), dtype=numpy.int32)  # padding
+        for i, (start, end) in enumerate(self.flat.segments):
+            index[start:end] = i
+        self.tensor_index = xp.asarray(index)
+        self.scaled = xp.asarray([not self.is_exempt(p) for p in self.flat.params] + [False])
+        self.tensor_decay = xp.asarray(self.rates + [0.0], dtype=numpy.float64)
+        self._previous_lr = None
+
+    def tensor_norms(self, values):
+        """‖values_l‖ for every tensor l (and the padding, last)."""
+        xp = get_array_module(values)
+        squares = xp.bincount(self.tensor_index, weights=values * values, minlength=len(self.scaled))
+        return xp.sqrt(squares)
+
+    def trust_ratios(self, g):
+        xp = get_array_module(g)
+        w_norm, g_norm = self.tensor_norms(self.flat.data), self.tensor_norms(g)
+        denominator = g_norm + self.tensor_decay * w_norm
+        usable = self.scaled & (w_norm > 0) & (denominator > 0)
+        return xp.where(usable, self.eta * w_norm / xp.where(usable, denominator, 1.0), 1.0)
+
+    def step(self):
+        xp = get_array_module(self.flat.data)
+        w, v, d = self.flat.data, self.velocity, self._scratch
+        if self._previous_lr is not None and self._previous_lr != self.lr:
+            v *= self.lr / self._previous_lr
+        self._previous_lr = self.lr
+        xp.multiply(self.flat.grad, self.grad_scale, out=d)
+        rate = (self.lr * self.trust_ratios(d)).astype(w.dtype)[self.tensor_index]
+        if self.decay is not None:
+            d += self.decay * w
+        d *= rate
+        v *= self.momentum
+        v += d
+        w -= v

@@ -1,28 +1,120 @@
-"""Learning-rate schedules, evaluated per iteration.
+"""Schedules of the large-minibatch recipe: global batch size and learning rate over training.
 
-`LRSchedule(base_lr, iters_per_epoch, epochs, scheduler)` maps a global iteration to a rate:
-- "cosine": base·(1 + cos(π·t/T))/2 over all T iterations, smooth per iteration;
-- "step": base·γ^k where k counts the milestone epochs (`steps`) already passed;
-- "constant": base throughout.
+Batch-size control (Mikami et al.; Smith et al.): `BatchSchedule` gives the GLOBAL batch from
+each epoch on ("0:8192,30:16384"). Each rank then takes global / world images per step, split
+into `accum_steps` micro-batches when that exceeds the per-rank cap.
+
+Learning rate (Goyal et al.), a function of the fractional epoch t = epoch + step/steps, so
+it changes every iteration:
+- linear scaling rule: the target rate is lr · global_batch(t) / base_batch;
+- warmup over the first W epochs from `warmup_start` (default: the reference lr) to the
+  target: "linear" ramps per iteration (gradual warmup), "constant" holds the start rate;
+- then decay: "step" (×γ at each milestone epoch), "poly" ((1 − progress)^power), "cosine"
+  ((1 + cos(π·progress))/2), or "constant", with progress measured over the epochs after W.
 """
 import bisect
+import dataclasses
 import math
 
-LR_SCHEDULERS = ("cosine", "step", "constant")
+from minidl.errors import UserError
+
+LR_SCHEDULERS = ("step", "poly", "cosine", "constant")
+WARMUP_METHODS = ("linear", "constant")
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """How one epoch's global batch is laid out over ranks and accumulation steps."""
+    global_batch: int
+    per_rank_batch: int  # images one rank contributes to one optimizer step
+    accum_steps: int     # micro-batches per optimizer step
+    micro_batch: int     # images per forward/backward on one rank
+
+
+class BatchSchedule:
+    """The global batch size from each listed epoch on: [(0, B0), (E1, B1), ...]."""
+
+    def __init__(self, points):
+        self.points = sorted(points)
+        if not self.points or self.points[0][0] != 0:
+            raise UserError("a batch schedule must start at epoch 0, e.g. --batch-schedule 0:8192,30:16384")
+        if any(batch <= 0 for _, batch in self.points):
+            raise UserError(f"batch sizes must be positive in the batch schedule {self}")
+
+    @classmethod
+    def parse(cls, text):
+        """"0:8192,30:16384" -> BatchSchedule([(0, 8192), (30, 16384)])."""
+        try:
+            points = [tuple(int(part) for part in item.split(":")) for item in text.split(",")]
+            if any(len(point) != 2 for point in points):
+                raise ValueError
+        except ValueError:
+            raise UserError(f"--batch-schedule {text!r} is not EPOCH:GLOBAL_BATCH pairs: write e.g. 0:8192,30:16384") from None
+        return cls(points)
+
+    def __str__(self):
+        return ",".join(f"{epoch}:{batch}" for epoch, batch in self.points)
+
+    def global_batch(self, epoch):
+        index = bisect.bisect_right([e for e, _ in self.points], epoch) - 1
+        return self.points[index][1]
+
+    def plan(self, epoch, world_size, max_per_rank_batch=None):
+        """Per-rank batch and accumulation steps for `epoch`; the global batch must split evenly."""
+        global_batch = self.global_batch(epoch)
+        if global_batch % world_size:
+            raise UserError(f"global batch {global_batch} (epoch {epoch}) does not split over {world_size} "
+                            f"ranks: use a multiple of {world_size}")
+        per_rank = global_batch // world_size
+        accum = 1 if not max_per_rank_batch else -(-per_rank // max_per_rank_batch)
+        while per_rank % accum:  # the smallest number of equal micro-batches within the cap
+            accum += 1
+        return BatchPlan(global_batch, per_rank, accum, per_rank // accum)
+
+
+@dataclasses.dataclass(frozen=True)
 class LRSchedule:
-    def __init__(self, base_lr, iters_per_epoch, epochs, scheduler="cosine", steps=(30, 60, 80), gamma=0.1):
-        if scheduler not in LR_SCHEDULERS:
-            raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {LR_SCHEDULERS}")
-        self.base_lr, self.iters_per_epoch, self.epochs = base_lr, iters_per_epoch, epochs
-        self.scheduler, self.steps, self.gamma = scheduler, tuple(steps), gamma
+    lr: float                 # the reference rate, for `base_batch` images
+    base_batch: int
+    batches: BatchSchedule
+    epochs: int
+    scheduler: str = "step"
+    steps: tuple = (30, 60, 80)
+    gamma: float = 0.1
+    power: float = 2.0
+    warmup_epochs: float = 0.0
+    warmup_method: str = "linear"
+    warmup_start: float | None = None  # None: the reference rate
 
-    def __call__(self, iteration):
-        if self.scheduler == "cosine":
-            progress = iteration / (self.iters_per_epoch * self.epochs)
-            return self.base_lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    def target(self, t):
+        """The linearly scaled rate for the global batch in use at fractional epoch t."""
+        return self.lr * self.batches.global_batch(int(t)) / self.base_batch
+
+    def __call__(self, t):
+        """The learning rate at fractional epoch t = epoch + step / steps_in_epoch."""
+        target = self.target(t)
+        if t < self.warmup_epochs:
+            start = self.lr if self.warmup_start is None else self.warmup_start
+            if self.warmup_method == "constant":
+                return start
+            return start + (target - start) * t / self.warmup_epochs
+        progress = min(1.0, (t - self.warmup_epochs) / max(self.epochs - self.warmup_epochs, 1e-12))
         if self.scheduler == "step":
-            epoch = iteration // self.iters_per_epoch
-            return self.base_lr * self.gamma ** bisect.bisect_right(self.steps, epoch)
-        return self.base_lr
+            return target * self.gamma ** bisect.bisect_right(self.steps, int(t))
+        if self.scheduler == "poly":
+            return target * (1 - progress) ** self.power
+        if self.scheduler == "cosine":
+            return target * 0.5 * (1 + math.cos(math.pi * progress))
+        return target
+
+
+def epoch_table(lr_schedule, world_size, dataset_size, max_per_rank_batch=None):
+    """One row per epoch: the batch layout, the rate at the epoch's first iteration, the
+    number of optimizer steps (what `train.py --print-schedule` prints)."""
+    rows = []
+    for epoch in range(lr_schedule.epochs):
+        plan = lr_schedule.batches.plan(epoch, world_size, max_per_rank_batch)
+        rows.append({"epoch": epoch, "global_batch": plan.global_batch, "per_rank_batch": plan.per_rank_batch,
+                     "accum_steps": plan.accum_steps, "lr": float(f"{lr_schedule(epoch):.12g}"),
+                     "iterations": dataset_size // plan.global_batch})
+    return rows

@@ -11,7 +11,8 @@ from minidl.data import make_embedded_dataset
 from minidl.trainer import run
 
 REPO = Path(__file__).resolve().parents[1]
-METRIC_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "lr", "images_per_sec", "seconds"}
+METRIC_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "lr", "images_per_sec", "seconds",
+               "global_batch"}
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def small_data(tmp_path_factory):
 
 
 def small_config(data, output_dir, **overrides):
-    settings = dict(data_path=str(data), model="resnet20", batch_size=32, epochs=10, lr=0.05,
+    settings = dict(data_path=str(data), model="resnet20", batch_size=32, epochs=10, lr=0.05, lr_base_batch=32,
                     lr_scheduler="constant", train_crop_size=32, val_crop_size=32, val_resize_size=32,
                     augment="none", output_dir=str(output_dir), print_freq=2)
     settings.update(overrides)
@@ -66,7 +67,7 @@ def train_cli(*args, cwd):
     (["-b", "0"], "--batch-size must be a positive integer"),
     (["--epochs", "-1"], "--epochs must be a positive integer"),
     (["--lr", "0"], "--lr must be positive"),
-    (["--augment", "mixup"], "unknown --augment 'mixup'"),
+    (["--augment", "mixup"], "argument --augment: invalid choice: 'mixup'"),
     (["--lr-steps", "30,x"], "is not a comma-separated list"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
