@@ -6,94 +6,11 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn as tnn
 import torch.nn.functional as F
 
 from helpers import assert_close, copy_to_torch, float64, kcrs_to_krsc, nhwc_to_nchw, rng
 from minidl import Tensor, models, nn, ops
-
-
-# --- a torch reference, torchvision's names and v1.5 layout ---------------------------------
-
-class TorchBasicBlock(tnn.Module):
-    expansion = 1
-
-    def __init__(self, inplanes, planes, stride):
-        super().__init__()
-        self.conv1 = tnn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = tnn.BatchNorm2d(planes)
-        self.conv2 = tnn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = tnn.BatchNorm2d(planes)
-        self.downsample = projection(inplanes, planes, stride)
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-
-class TorchBottleneck(tnn.Module):
-    expansion = 4
-
-    def __init__(self, inplanes, planes, stride):
-        super().__init__()
-        self.conv1 = tnn.Conv2d(inplanes, planes, 1, bias=False)
-        self.bn1 = tnn.BatchNorm2d(planes)
-        self.conv2 = tnn.Conv2d(planes, planes, 3, stride, 1, bias=False)  # v1.5: stride on the 3x3
-        self.bn2 = tnn.BatchNorm2d(planes)
-        self.conv3 = tnn.Conv2d(planes, planes * 4, 1, bias=False)
-        self.bn3 = tnn.BatchNorm2d(planes * 4)
-        self.downsample = projection(inplanes, planes * 4, stride)
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = F.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return F.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-
-def projection(inplanes, outplanes, stride):
-    if stride == 1 and inplanes == outplanes:
-        return None
-    return tnn.Sequential(tnn.Conv2d(inplanes, outplanes, 1, stride, bias=False), tnn.BatchNorm2d(outplanes))
-
-
-class TorchResNet(tnn.Module):
-    def __init__(self, block, blocks, planes, num_classes, imagenet):
-        super().__init__()
-        width = planes[0]
-        if imagenet:
-            self.conv1 = tnn.Conv2d(3, width, 7, 2, 3, bias=False)
-        else:
-            self.conv1 = tnn.Conv2d(3, width, 3, 1, 1, bias=False)
-        self.bn1 = tnn.BatchNorm2d(width)
-        self.imagenet = imagenet
-        inplanes = width
-        for i, (p, n) in enumerate(zip(planes, blocks)):
-            layers = []
-            for j in range(n):
-                layers.append(block(inplanes, p, 2 if (i > 0 and j == 0) else 1))
-                inplanes = p * block.expansion
-            setattr(self, f"layer{i + 1}", tnn.Sequential(*layers))
-        self.num_stages = len(planes)
-        self.fc = tnn.Linear(inplanes, num_classes)
-
-    def forward(self, x):
-        x = F.relu(self.bn1(self.conv1(x)))
-        if self.imagenet:
-            x = F.max_pool2d(x, 3, 2, 1)
-        for i in range(self.num_stages):
-            x = getattr(self, f"layer{i + 1}")(x)
-        return self.fc(x.mean(dim=(2, 3)))
-
-
-def torch_resnet50(num_classes):
-    return TorchResNet(TorchBottleneck, (3, 4, 6, 3), (64, 128, 256, 512), num_classes, imagenet=True)
-
-
-def torch_cifar_resnet(depth, num_classes):
-    n = (depth - 2) // 6
-    return TorchResNet(TorchBasicBlock, (n, n, n), (16, 32, 64), num_classes, imagenet=False)
+from minidl.bench.torch_resnet import torch_cifar_resnet, torch_resnet50
 
 
 def torch_count(module):
@@ -272,3 +189,9 @@ def test_same_seed_same_model_different_seed_different_model():
         np.testing.assert_array_equal(p.data, q.data, err_msg=name)
         if p.data.ndim == 4:
             assert not np.array_equal(p.data, r.data), name
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_every_model_has_a_torch_twin_of_the_same_size(name):
+    from minidl.bench.torch_resnet import torch_resnet
+    assert models.MODELS[name](num_classes=7).num_parameters() == torch_count(torch_resnet(name, 7))

@@ -22,7 +22,12 @@ def main(argv):
     if argv[0] not in names:
         sys.stderr.write(f"minidl.bench: error: no benchmark {argv[0]!r}: choose one of {', '.join(names)}\n")
         return 2
-    return importlib.import_module(f"minidl.bench.{argv[0]}").main(argv[1:]) or 0
+    from minidl.errors import UserError
+    try:
+        return importlib.import_module(f"minidl.bench.{argv[0]}").main(argv[1:]) or 0
+    except UserError as error:
+        sys.stderr.write(f"minidl.bench {argv[0]}: error: {error}\n")
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""Where a step's time goes: every Function's forward and backward, timed by operation type.
+
+Timing wraps the `forward` and `backward` of each Function subclass for the duration of the
+measurement and restores them after; on a GPU each call synchronizes first, so the figures
+are per-operation device times (and the step itself runs slower while profiled).
+"""
+import collections
+import contextlib
+import time
+
+from minidl.autograd import Function
+from minidl.backend import on_gpu, xp
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def _now():
+    if on_gpu:
+        xp.cuda.Device().synchronize()
+    return time.perf_counter()
+
+
+@contextlib.contextmanager
+def op_timer():
+    """Yield a dict "Op.forward" -> total seconds, filled while the context is open."""
+    totals = collections.defaultdict(float)
+    originals = []
+    for cls in set(_subclasses(Function)):
+        for name in ("forward", "backward"):
+            if name not in vars(cls):
+                continue
+            original = vars(cls)[name]
+            originals.append((cls, name, original))
+
+            def timed(self, *args, _original=original, _key=f"{cls.__name__}.{name}"):
+                start = _now()
+                result = _original(self, *args)
+                totals[_key] += _now() - start
+                return result
+            setattr(cls, name, timed)
+    try:
+        yield totals
+    finally:
+        for cls, name, original in originals:
+            setattr(cls, name, original)
+
+
+def print_profile(step, iters):
+    """Run `step` iters times under the timer and print each operation's share of the step."""
+    with op_timer() as totals:
+        start = time.perf_counter()
+        for _ in range(iters):
+            step()
+        total = time.perf_counter() - start
+    print(f"{'operation':28}{'ms/step':>10}{'share':>8}")
+    for key, seconds in sorted(totals.items(), key=lambda item: -item[1]):
+        print(f"{key:28}{1e3 * seconds / iters:>10.1f}{100 * seconds / total:>7.1f}%")
+    rest = total - sum(totals.values())
+    print(f"{'(outside operations)':28}{1e3 * rest / iters:>10.1f}{100 * rest / total:>7.1f}%")

@@ -1,0 +1,196 @@
+"""`python -m minidl.bench step`: one full training step (forward, loss, backward, optimizer)
+of minidl against the same step in PyTorch, measured in the same run.
+
+Both frameworks get the same model (PyTorch's is the plain-torch twin in torch_resnet.py),
+batch, input size and thread count; their steps alternate so that both see the same machine
+state, and the medians after warm-up are compared as img/s. Peak memory is measured in a
+fresh subprocess per framework (peak RSS above the RSS after imports on CPU; the memory-pool
+high-water mark on GPU). On GPU PyTorch runs eager with cuDNN, channels_last and bf16 autocast (minidl in fp32 until
+its bf16 path lands, so the GPU ratio is a lower bound).
+`--profile` adds where minidl's step time goes, per operation.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+OPENBLAS_TUNING = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+NUM_CLASSES = 1000
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m minidl.bench step", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet20")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--vs-torch", action="store_true", help="measure PyTorch too and print the ratio")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--profile", action="store_true", help="print minidl's time per operation")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
+    p.add_argument("--memory-of", choices=("minidl", "torch"), help=argparse.SUPPRESS)  # the subprocess mode
+    return p.parse_args(argv)
+
+
+def synchronize(device):
+    if device == "gpu":
+        import cupy
+        cupy.cuda.Device().synchronize()
+
+
+def minidl_step(args):
+    """A closure running one minidl training step on a fixed random batch."""
+    import numpy
+    from minidl import Tensor, ops
+    from minidl.backend import xp
+    from minidl.models import MODELS
+    from minidl.optim import SGD
+    model = MODELS[args.model](num_classes=NUM_CLASSES)
+    optimizer = SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    rng = numpy.random.default_rng(0)
+    x = Tensor(xp.asarray(rng.standard_normal((args.batch_size, args.image_size, args.image_size, 3),
+                                              dtype=numpy.float32)))
+    labels = xp.asarray(rng.integers(0, NUM_CLASSES, args.batch_size))
+
+    def step():
+        optimizer.zero_grad()
+        ops.softmax_cross_entropy(model(x), labels).backward()
+        optimizer.step()
+        synchronize(args.device)
+    return step
+
+
+def torch_step(args, threads):
+    import torch
+    from minidl.bench.torch_resnet import torch_resnet
+    torch.set_num_threads(threads)
+    device = "cuda" if args.device == "gpu" else "cpu"
+    torch.backends.cudnn.benchmark = True
+    model = torch_resnet(args.model, NUM_CLASSES).to(device)
+    x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    if args.device == "gpu":
+        model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    labels = torch.randint(0, NUM_CLASSES, (args.batch_size,), device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    autocast = args.device == "gpu"  # PyTorch's fast GPU path: bf16 autocast
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return step
+
+
+def timed(step):
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def measure(steps, warmup, iters):
+    """Median seconds per step of each closure, the closures taking turns."""
+    for step in steps:
+        for _ in range(warmup):
+            step()
+    times = [[] for _ in steps]
+    for _ in range(iters):
+        for step, bucket in zip(steps, times):
+            bucket.append(timed(step))
+    return [statistics.median(bucket) for bucket in times]
+
+
+def peak_memory_mb(args, framework):
+    """Run a few steps of one framework in a fresh process; its peak memory in MB."""
+    command = [sys.executable, "-m", "minidl.bench", "step", "--model", args.model, "--batch-size",
+               str(args.batch_size), "--image-size", str(args.image_size), "--device", args.device,
+               "--memory-of", framework]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def report_own_memory(args):
+    """The subprocess side of peak_memory_mb: print this process's peak for 3 steps."""
+    import resource
+    threads = thread_count(args)  # imports minidl (and NumPy) before the baseline
+    if args.memory_of == "torch":
+        import torch  # noqa: F401  (the library's own footprint is not the step's)
+    baseline_kb = rss_kb()
+    step = minidl_step(args) if args.memory_of == "minidl" else torch_step(args, threads)
+    for _ in range(3):
+        step()
+    if args.device == "gpu":
+        print(gpu_pool_mb(args.memory_of))
+    else:
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline_kb) / 1024)
+
+
+def rss_kb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def gpu_pool_mb(framework):
+    if framework == "torch":
+        import torch
+        return torch.cuda.max_memory_reserved() / 2**20
+    import cupy
+    return cupy.get_default_memory_pool().total_bytes() / 2**20  # the pool keeps its high-water mark
+
+
+def thread_count(args):
+    from minidl import parallel
+    return parallel.num_threads if args.device == "cpu" else 1
+
+
+def main(argv):
+    args = parse_args(argv)
+    if any(name in os.environ for name in OPENBLAS_TUNING):  # OpenBLAS reads them once, at load
+        env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_TUNING}
+        print(f"minidl.bench step: unsetting {', '.join(OPENBLAS_TUNING)} for this benchmark", file=sys.stderr)
+        os.execve(sys.executable, [sys.executable, "-m", "minidl.bench", "step", *argv], env)
+    os.environ["MINIDL_DEVICE"] = args.device
+    if args.memory_of:
+        report_own_memory(args)
+        return 0
+    from minidl.errors import UserError
+    from minidl.models import MODELS
+    if args.model not in MODELS:
+        raise UserError(f"unknown model {args.model!r}: choose one of {', '.join(MODELS)}")
+    threads = thread_count(args)
+    steps = [minidl_step(args)] + ([torch_step(args, threads)] if args.vs_torch else [])
+    seconds = measure(steps, args.warmup, args.iters)
+    result = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
+              "device": args.device, "threads": threads, "minidl_step_ms": 1e3 * seconds[0],
+              "minidl_img_per_s": args.batch_size / seconds[0], "minidl_peak_mb": peak_memory_mb(args, "minidl")}
+    if args.vs_torch:
+        result.update(torch_step_ms=1e3 * seconds[1], torch_img_per_s=args.batch_size / seconds[1],
+                      torch_peak_mb=peak_memory_mb(args, "torch"))
+        result.update(ratio=result["minidl_img_per_s"] / result["torch_img_per_s"],
+                      memory_ratio=result["minidl_peak_mb"] / result["torch_peak_mb"])
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    if args.profile:
+        from minidl.bench.profile import print_profile
+        print_profile(steps[0], args.iters)
+    return 0
+
+
+def print_table(result):
+    print(f"{result['model']}, batch {result['batch_size']}, {result['image_size']}x{result['image_size']}, "
+          f"{result['device']}, {result['threads']} threads")
+    print(f"{'':8}{'img/s':>10}{'step ms':>10}{'peak MB':>10}")
+    for name in ("minidl", "torch") if "torch_img_per_s" in result else ("minidl",):
+        print(f"{name:8}{result[name + '_img_per_s']:>10.1f}{result[name + '_step_ms']:>10.1f}"
+              f"{result[name + '_peak_mb']:>10.0f}")
+    if "ratio" in result:
+        print(f"minidl/torch: {result['ratio']:.2f}x img/s, {result['memory_ratio']:.2f}x peak memory")
