@@ -18,6 +18,7 @@ import sys
 import time
 
 OPENBLAS_TUNING = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+UNSET_NOTE = "MINIDL_BENCH_UNSET"  # tells the restarted process what it unset
 NUM_CLASSES = 1000
 
 
@@ -152,9 +153,10 @@ def thread_count(args):
 
 def main(argv):
     args = parse_args(argv)
-    if any(name in os.environ for name in OPENBLAS_TUNING):  # OpenBLAS reads them once, at load
+    unset = [name for name in OPENBLAS_TUNING if name in os.environ]
+    if unset:  # OpenBLAS reads them once, when it loads: start again without them
         env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_TUNING}
-        print(f"minidl.bench step: unsetting {', '.join(OPENBLAS_TUNING)} for this benchmark", file=sys.stderr)
+        env[UNSET_NOTE] = ",".join(unset)
         os.execve(sys.executable, [sys.executable, "-m", "minidl.bench", "step", *argv], env)
     os.environ["MINIDL_DEVICE"] = args.device
     if args.memory_of:
@@ -170,6 +172,8 @@ def main(argv):
     result = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
               "device": args.device, "threads": threads, "minidl_step_ms": 1e3 * seconds[0],
               "minidl_img_per_s": args.batch_size / seconds[0], "minidl_peak_mb": peak_memory_mb(args, "minidl")}
+    if os.environ.get(UNSET_NOTE):
+        result["unset_env"] = os.environ[UNSET_NOTE].split(",")
     if args.vs_torch:
         result.update(torch_step_ms=1e3 * seconds[1], torch_img_per_s=args.batch_size / seconds[1],
                       torch_peak_mb=peak_memory_mb(args, "torch"))
@@ -188,6 +192,8 @@ def main(argv):
 def print_table(result):
     print(f"{result['model']}, batch {result['batch_size']}, {result['image_size']}x{result['image_size']}, "
           f"{result['device']}, {result['threads']} threads")
+    if "unset_env" in result:
+        print(f"(unset for this benchmark: {', '.join(result['unset_env'])})")
     print(f"{'':8}{'img/s':>10}{'step ms':>10}{'peak MB':>10}")
     for name in ("minidl", "torch") if "torch_img_per_s" in result else ("minidl",):
         print(f"{name:8}{result[name + '_img_per_s']:>10.1f}{result[name + '_step_ms']:>10.1f}"

@@ -1,0 +1,33 @@
+"""The benchmarks run and report what they promise (their figures are not asserted: timing
+belongs in benchmarks, not tests)."""
+import json
+import subprocess
+import sys
+
+
+def bench(*args):
+    return subprocess.run([sys.executable, "-m", "minidl.bench", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_step_benchmark_against_torch_reports_json():
+    result = bench("step", "--model", "resnet20", "--batch-size", "4", "--image-size", "16", "--warmup", "1",
+                   "--iters", "2", "--vs-torch", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("minidl_img_per_s", "torch_img_per_s", "ratio", "minidl_peak_mb", "torch_peak_mb"):
+        assert report[key] > 0, key
+    assert abs(report["ratio"] - report["minidl_img_per_s"] / report["torch_img_per_s"]) < 1e-9
+
+
+def test_step_benchmark_profile_lists_the_operations():
+    result = bench("step", "--model", "resnet20", "--batch-size", "2", "--image-size", "8", "--warmup", "1",
+                   "--iters", "1", "--profile")
+    assert result.returncode == 0, result.stderr
+    assert "Conv2d.backward" in result.stdout and "BatchNorm.forward" in result.stdout
+
+
+def test_unknown_benchmark_and_bad_model_are_one_line_errors():
+    for args in (("nosuch",), ("step", "--model", "resnet7")):
+        result = bench(*args)
+        assert result.returncode == 2
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
