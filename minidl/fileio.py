@@ -10,6 +10,7 @@ def write_bytes_atomic(path, data):
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -18,6 +19,12 @@ def write_bytes_atomic(path, data):
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _umask():
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def write_json_atomic(path, obj):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from minidl.data import (EMBEDDED_CLASSES, DataLoader, FolderDataset, build_transform,
+from minidl.data import (EMBEDDED_CLASSES, BadImage, DataLoader, FolderDataset, build_transform,
                          build_val_transform, check_folder_layout, make_embedded_dataset,
                          normalize)
 from minidl.data import embedded
@@ -83,10 +83,10 @@ def test_embedded_refuses_a_foreign_folder(tmp_path):
 def _colour_features(root, split):
     dataset = FolderDataset(root, split)
     features = []
-    for path, _ in dataset.samples:
-        pixels = np.asarray(Image.open(path), dtype=np.float64).reshape(-1, 3)
+    for i in range(len(dataset)):
+        pixels = np.asarray(Image.open(dataset.path(i)), dtype=np.float64).reshape(-1, 3)
         features.append(np.concatenate([pixels.mean(0), pixels.std(0)]))
-    return np.array(features), np.array([label for _, label in dataset.samples])
+    return np.array(features), dataset.labels
 
 
 def test_embedded_not_separable_by_colour(tmp_path):
@@ -110,26 +110,38 @@ def test_embedded_not_separable_by_colour(tmp_path):
 
 # --- image folders ---
 
-def _tree(root, layout):
-    """Make root/<split>/<class>/ folders holding the given number of tiny PNGs."""
+def make_tree(root, layout, size=(5, 4), ext="png"):
+    """Make root/<split>/<class>/<i>.<ext> images for the {split: {class: count}} layout.
+
+    Each image is one solid colour: red 20 + 40 * (the class's sorted position), green 10 * i,
+    so that the label of any crop of it can be read back from its pixels (`label_of`).
+    """
     for split, classes in layout.items():
         for name, count in classes.items():
             folder = root / split / name
             folder.mkdir(parents=True)
+            colour = 20 + 40 * sorted(classes).index(name)
             for i in range(count):
-                Image.new("RGB", (5, 4), (i, 0, 0)).save(folder / f"{i}.png")
+                Image.new("RGB", size, (colour, 10 * i % 256, 0)).save(folder / f"{i}.{ext}")
     return root
 
 
+def label_of(images):
+    """The labels that make_tree's colours encode, for a uint8 batch (B, H, W, 3)."""
+    red = images[..., 0].reshape(len(images), -1).mean(axis=1)
+    return np.rint((red - 20) / 40).astype(np.int64)
+
+
 def test_folder_dataset_reads_classes_and_samples(tmp_path):
-    root = _tree(tmp_path, {"train": {"b": 2, "a": 1}, "val": {"a": 1, "b": 1}})
+    root = make_tree(tmp_path, {"train": {"b": 2, "a": 1}, "val": {"a": 1, "b": 1}})
     (root / "train" / "b" / "X.JPEG").write_bytes((root / "train" / "b" / "0.png").read_bytes())
     (root / "train" / "b" / "notes.txt").write_text("not an image")
     (root / "train" / ".hidden").mkdir()
     dataset = FolderDataset(root, "train")
     assert dataset.classes == ["a", "b"]
-    assert [(p.name, label) for p, label in dataset.samples] == [
+    assert [(dataset.path(i).name, dataset.labels[i]) for i in range(len(dataset))] == [
         ("0.png", 0), ("0.png", 1), ("1.png", 1), ("X.JPEG", 1)]
+    assert dataset.path(3) == root / "train" / "b" / "X.JPEG"
     image, label = dataset[2]
     assert (image.mode, image.size, label) == ("RGB", (5, 4), 1)
     assert len(dataset) == 4
@@ -146,7 +158,7 @@ def test_folder_dataset_reads_classes_and_samples(tmp_path):
 def test_folder_layout_errors(tmp_path, layout, message):
     root = tmp_path / "data"
     if layout is not None:
-        _tree(root, layout)
+        make_tree(root, layout)
         for split in layout:
             (root / split).mkdir(exist_ok=True)
     for check in (check_folder_layout, lambda r: FolderDataset(r, "train")):
@@ -156,10 +168,10 @@ def test_folder_layout_errors(tmp_path, layout, message):
         assert message in text and "\n" not in text and ": " in text
 
 
-def test_folder_undecodable_image_is_a_user_error(tmp_path):
-    root = _tree(tmp_path, {"train": {"a": 1}, "val": {"a": 1}})
+def test_folder_undecodable_image_is_a_bad_image(tmp_path):
+    root = make_tree(tmp_path, {"train": {"a": 1}, "val": {"a": 1}})
     (root / "train" / "a" / "0.png").write_bytes(b"not a png")
-    with pytest.raises(UserError, match="cannot decode image"):
+    with pytest.raises(BadImage, match="not a JPEG or PNG image"):
         FolderDataset(root, "train")[0]
 
 

@@ -1,10 +1,15 @@
-"""Image folders in the ImageNet layout: root/train/<class>/<images>, root/val/<class>/<images>."""
+"""Image folders in the ImageNet layout: root/train/<class>/<images>, root/val/<class>/<images>.
+
+Each split's files are listed once (1.28M of them for ImageNet's train/), when its dataset is
+made; the checks that span both splits only list the class folders.
+"""
 
 import os
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
+import numpy as np
 
+from minidl.data.images import BadImage, ImageDataset
 from minidl.errors import UserError
 
 SPLITS = ("train", "val")
@@ -16,8 +21,7 @@ def _is_image(entry):
     return entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-def _class_names(root, split):
-    """The sorted class folder names of root/split; raise UserError if any is missing or empty."""
+def _split_dir(root, split):
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"data path {root} does not exist: point it at a folder with {LAYOUT}")
@@ -25,30 +29,46 @@ def _class_names(root, split):
     if not split_dir.is_dir():
         raise UserError(f"data path {root} has no {split}/ folder: point it at a folder with "
                         f"{LAYOUT}")
-    # Hidden folders (.ipynb_checkpoints and the like) are not classes.
-    folders = sorted((e for e in os.scandir(split_dir)
-                      if e.is_dir() and not e.name.startswith(".")), key=lambda e: e.name)
-    if not folders:
+    return split_dir
+
+
+def class_names(root, split):
+    """The sorted class folder names of root/split (hidden folders are not classes)."""
+    split_dir = _split_dir(root, split)
+    names = sorted(e.name for e in os.scandir(split_dir)
+                   if e.is_dir() and not e.name.startswith("."))
+    if not names:
         raise UserError(f"{split_dir} has no class folders: put each class's images in "
                         f"{split_dir}/<class>/")
-    for folder in folders:
-        with os.scandir(folder.path) as entries:
-            if not any(_is_image(e) for e in entries):
-                raise UserError(f"class folder {folder.path} holds no .jpeg/.jpg/.png images: "
-                                "add images or remove the folder")
-    return [f.name for f in folders]
+    return names
 
 
-def check_folder_layout(root):
-    """The class names; raise UserError unless train/ and val/ hold the same non-empty ones."""
-    train, val = (_class_names(root, split) for split in SPLITS)
+def _empty_class_error(folder):
+    return UserError(f"class folder {folder} holds no .jpeg/.jpg/.png images: add images or "
+                     "remove the folder")
+
+
+def scan_split(root, split):
+    """(class names, image file names per class, sorted) of root/split, listing each folder once."""
+    split_dir = _split_dir(root, split)
+    classes = class_names(root, split)
+    files = []
+    for name in classes:
+        with os.scandir(split_dir / name) as entries:
+            images = sorted(e.name for e in entries if _is_image(e))
+        if not images:
+            raise _empty_class_error(split_dir / name)
+        files.append(images)
+    return classes, files
+
+
+def check_same_classes(root, train, val):
     if train != val:
         only_train = sorted(set(train) - set(val))
         only_val = sorted(set(val) - set(train))
         raise UserError(f"{root}: train/ and val/ have different class folders (only in "
                         f"train: {_some(only_train)}; only in val: {_some(only_val)}): give "
                         "both the same class folders")
-    return train
 
 
 def _some(names, limit=5):
@@ -56,28 +76,49 @@ def _some(names, limit=5):
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-class FolderDataset:
-    """The images of one split; a class's label is its position in the sorted class names."""
+def check_folder_layout(root):
+    """The class names; raise UserError unless train/ and val/ hold the same non-empty ones.
+
+    Looks only as far as the first image of each class folder, not through whole folders.
+    """
+    classes = {split: class_names(root, split) for split in SPLITS}
+    check_same_classes(root, classes["train"], classes["val"])
+    for split in SPLITS:
+        for name in classes[split]:
+            folder = Path(root) / split / name
+            with os.scandir(folder) as entries:
+                if not any(_is_image(e) for e in entries):
+                    raise _empty_class_error(folder)
+    return classes["train"]
+
+
+class FolderDataset(ImageDataset):
+    """The images of one split; a class's label is its position in the sorted class names.
+
+    Making it lists this split's files and the other split's class folders (to check that a
+    label means the same class in train and val).
+    """
 
     def __init__(self, root, split):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
         self.root = Path(root)
         self.split = split
-        # Checking both splits makes a label mean the same class in train and val.
-        self.classes = check_folder_layout(root)
-        self.samples = [(Path(e.path), label) for label, name in enumerate(self.classes)
-                        for e in sorted(os.scandir(self.root / split / name),
-                                        key=lambda e: e.name)
-                        if _is_image(e)]
+        self.classes, files = scan_split(root, split)
+        other = class_names(root, SPLITS[1 - SPLITS.index(split)])
+        check_same_classes(self.root, *((self.classes, other) if split == "train"
+                                         else (other, self.classes)))
+        self.labels = np.repeat(np.arange(len(files), dtype=np.int64), [len(f) for f in files])
+        self.names = np.array([os.fsencode(name) for names in files for name in names])
 
-    def __len__(self):
-        return len(self.samples)
+    def path(self, i):
+        return self.root / self.split / self.classes[self.labels[i]] / os.fsdecode(self.names[i])
 
-    def __getitem__(self, i):
-        path, label = self.samples[i]
+    def read(self, i):
         try:
-            with Image.open(path) as image:
-                return image.convert("RGB"), label
-        except (UnidentifiedImageError, OSError) as e:
-            raise UserError(f"cannot decode image {path} ({e}): replace or delete it") from None
+            return self.path(i).read_bytes()
+        except OSError as e:  # deleted or made unreadable since the listing
+            raise BadImage(f"cannot read ({e.strerror})") from None
+
+    def source(self, i):
+        return str(self.path(i))

@@ -1,97 +1,129 @@
-"""Batches of decoded, augmented images, optionally made by a pool of worker processes.
+"""Batches of decoded, augmented uint8 images, on the host or (asynchronously) on the GPU.
 
-Randomness is keyed, not streamed: the epoch's order comes from default_rng([seed, epoch]) and
-sample i's augmentation from default_rng([seed, epoch, i]). Batches are therefore the same
-whatever the number of workers and whichever worker makes them.
+    loader = DataLoader(dataset, batch_size, transform, workers=8,
+                        sampler=DistributedSampler(len(dataset), rank, world_size, seed))
+    for epoch in ...:
+        loader.set_epoch(epoch)
+        for images, labels in loader:   # uint8 (B, H, W, 3), int64 (B,)
+            ...
+        loader.skipped                   # images skipped this epoch (undecodable)
+
+Order comes from the sampler (one permutation per epoch from the seed, dealt out to ranks),
+augmentation from (seed, epoch, index): the batches are the same for any number of workers.
+
+Undecodable images (corrupt, truncated, not images) are skipped: the batch that should have
+held them comes out that much smaller, possibly empty, with labels still matching images. It
+is never dropped, so every rank makes the same number of steps. A warning names each file
+(once per file per process); `loader.skipped` counts them again every epoch.
+
+Memory: images are made into a ring of `max(2, workers * prefetch)` batch buffers shared with
+the workers. On the host each batch is copied out of its slot before it is yielded, so the
+caller may keep it. With `to_device=True` (CuPy) the images arrive as a CuPy array, copied
+from the ring one batch ahead on a stream of their own (see device.py); labels stay NumPy.
 """
 
-import collections
-import multiprocessing
-import signal
+import warnings
 
-import numpy as np
-
-
-def _load_batch(dataset, transform, seed, epoch, indices):
-    images, labels = [], []
-    for i in indices:
-        image, label = dataset[i]
-        images.append(transform(image, np.random.default_rng([seed, epoch, i])))
-        labels.append(label)
-    return np.stack(images), np.array(labels, dtype=np.int64)
+from minidl.data.batches import InProcess, Ring
+from minidl.data.sampler import DistributedSampler
+from minidl.data.workers import WorkerPool
 
 
-# A worker's copy of (dataset, transform, seed), set once when the worker starts, so that
-# tasks carry only an epoch and a few indices.
-_worker_args = None
-
-
-def _init_worker(dataset, transform, seed):
-    global _worker_args
-    _worker_args = (dataset, transform, seed)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-
-def _worker_load_batch(epoch, indices):
-    dataset, transform, seed = _worker_args
-    return _load_batch(dataset, transform, seed, epoch, indices)
+class BadImageWarning(UserWarning):
+    """An image was skipped because it cannot be decoded."""
 
 
 class DataLoader:
-    """Iterate (images uint8 (B, H, W, 3), labels int64 (B,)) over one epoch of `dataset`.
+    """Iterate over one epoch of `dataset` for this rank (see the module's docstring).
 
-    `dataset[i]` gives (PIL image, label); `transform(image, rng)` gives a uint8 HWC array.
+    `dataset[i]` gives (PIL image, label) or raises images.BadImage; `transform(image, rng)`
+    gives a uint8 array of shape `transform.output_shape`. `sampler` (a DistributedSampler)
+    chooses the indices; without one the loader reads the whole dataset, shuffled by `seed`
+    if `shuffle`. `seed` also keys the augmentation. `drop_last` drops this rank's last batch
+    if it is not full. `workers` processes make the batches (0: the calling process does),
+    at most `prefetch` batches each ahead of the consumer. `to_device=True` yields the images
+    as CuPy arrays (see the module's docstring).
     """
 
     def __init__(self, dataset, batch_size, transform, shuffle=False, seed=0, workers=0,
-                 drop_last=False):
+                 drop_last=False, sampler=None, prefetch=2, to_device=False):
         self.dataset = dataset
         self.batch_size = batch_size
         self.transform = transform
-        self.shuffle = shuffle
         self.seed = seed
         self.workers = workers
         self.drop_last = drop_last
+        self.sampler = (DistributedSampler(len(dataset), seed=seed, shuffle=shuffle)
+                        if sampler is None else sampler)
+        self.prefetch = prefetch
+        self.to_device = to_device
         self.epoch = 0
+        self.skipped = 0
+        self._producer = None
 
     def set_epoch(self, epoch):
         """Choose the epoch whose order and augmentations the next iteration produces."""
         self.epoch = epoch
+        self.sampler.set_epoch(epoch)
 
     def __len__(self):
         if self.drop_last:
-            return len(self.dataset) // self.batch_size
-        return -(-len(self.dataset) // self.batch_size)
+            return len(self.sampler) // self.batch_size
+        return -(-len(self.sampler) // self.batch_size)
 
-    def _batch_indices(self):
-        n = len(self.dataset)
-        order = (np.random.default_rng([self.seed, self.epoch]).permutation(n)
-                 if self.shuffle else np.arange(n))
-        return [order[b * self.batch_size:(b + 1) * self.batch_size] for b in range(len(self))]
+    def _batches(self):
+        indices = self.sampler.indices()
+        return [indices[b * self.batch_size:(b + 1) * self.batch_size] for b in range(len(self))]
 
     def __iter__(self):
-        batches = self._batch_indices()
-        if self.workers == 0:
-            for indices in batches:
-                yield _load_batch(self.dataset, self.transform, self.seed, self.epoch, indices)
-        else:
-            yield from self._pool_iter(batches)
+        self.skipped = 0
+        ring = Ring(max(2, self.workers * self.prefetch), self.batch_size,
+                    self.transform.output_shape)
+        args = self.dataset, self.transform, self.seed
+        producer = WorkerPool(ring, self.workers, *args) if self.workers else InProcess(ring, *args)
+        self._producer = producer
+        with producer:  # stops the workers however the iteration ends
+            filled = producer.batches(self.epoch, self._batches())
+            if self.to_device:
+                yield from self._device_batches(producer, filled)
+            else:
+                yield from self._host_batches(producer, filled)
 
-    def _pool_iter(self, batches):
-        """Yield the batches in order, at most 2 per worker in flight."""
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else None)
-        pool = context.Pool(self.workers, _init_worker,
-                            (self.dataset, self.transform, self.seed))
+    def close(self):
+        """Stop the workers of the iteration in progress, if any (iterating again restarts)."""
+        if self._producer is not None:
+            self._producer.close()
+
+    def _host_batches(self, producer, filled):
+        for batch in filled:
+            images = batch.images.copy()  # the slot goes back to the workers
+            producer.release(batch.slot)
+            self._count_skipped(batch.skipped)
+            yield images, batch.labels
+
+    def _device_batches(self, producer, filled):
+        """Start each batch's copy to the GPU one batch before it is yielded."""
+        from minidl.data.device import DeviceCopier
+        copier = DeviceCopier(producer.ring.images)
         try:
-            pending = collections.deque()
-            for indices in batches:
-                pending.append(pool.apply_async(_worker_load_batch, (self.epoch, indices)))
-                if len(pending) == 2 * self.workers:
-                    yield pending.popleft().get()
-            while pending:
-                yield pending.popleft().get()
+            ahead = None
+            for batch in filled:
+                started = (batch, *copier.start(batch.images))
+                if ahead is not None:
+                    yield self._arrived(producer, copier, *ahead)
+                ahead = started
+            if ahead is not None:
+                yield self._arrived(producer, copier, *ahead)
         finally:
-            # Also reached when the consumer stops early or a worker raised: no orphans.
-            pool.terminate()
-            pool.join()
+            copier.close()
+
+    def _arrived(self, producer, copier, batch, images, copied):
+        copier.wait(copied)
+        producer.release(batch.slot)
+        self._count_skipped(batch.skipped)
+        return images, batch.labels
+
+    def _count_skipped(self, messages):
+        self.skipped += len(messages)
+        for message in messages:
+            warnings.warn(f"skipped an image that cannot be decoded: {message}", BadImageWarning)

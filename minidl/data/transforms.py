@@ -1,7 +1,9 @@
 """Augmentations: PIL image + numpy Generator -> uint8 HWC array; and normalization.
 
-A transform is a picklable callable `transform(image, rng)` (loader workers receive it), and
-takes all of its randomness from `rng`, so the loader decides what is random and how it is seeded.
+A transform is a picklable callable `transform(image, rng)` (loader workers receive it) whose
+output has the shape `transform.output_shape`, and takes all of its randomness from `rng`, so
+the loader decides what is random and how it is seeded. The image may be opened lazily: the
+transform decodes it (`decode`), at a reduced JPEG scale where its output allows.
 """
 
 import math
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from minidl.data.images import decode
 from minidl.errors import UserError
 
 # ImageNet channel statistics on the 0-255 scale, RGB order.
@@ -18,12 +21,11 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 TRAIN_TRANSFORMS = ("imagenet", "cifar", "none")
 
 
-def _resize(image, size, box=None):
-    """The `box` region of `image` (default: all of it) resized to `size` = (w, h).
+def _resize(image, box, size):
+    """The `box` region of `image` resized to `size` = (w, h).
 
     A region that already has that size is only cropped, never resampled.
     """
-    box = box or (0, 0, *image.size)
     if (box[2] - box[0], box[3] - box[1]) == size:
         return image.crop(box)
     return image.resize(size, Image.Resampling.BILINEAR, box=box)
@@ -40,15 +42,23 @@ class CenterCrop:
     resize_size: int
     crop_size: int
 
+    @property
+    def output_shape(self):
+        return self.crop_size, self.crop_size, 3
+
     def __call__(self, image, rng=None):
-        w, h = image.size
+        width, height = image.size
         # The sizes and rounding of torchvision's Resize(int) and CenterCrop.
-        long = int(self.resize_size * max(w, h) / min(w, h))
-        w, h = (self.resize_size, long) if w <= h else (long, self.resize_size)
+        long = int(self.resize_size * max(width, height) / min(width, height))
+        w, h = (self.resize_size, long) if width <= height else (long, self.resize_size)
         top = int(round((h - self.crop_size) / 2))
         left = int(round((w - self.crop_size) / 2))
-        box = (left, top, left + self.crop_size, top + self.crop_size)
-        return np.asarray(_resize(image, (w, h)).crop(box))
+        # Resampling only the crop's source region gives the pixels of resize-then-crop (the
+        # filter may read beyond the box), without computing the pixels the crop discards.
+        sx, sy = width / w, height / h
+        box = (left * sx, top * sy, (left + self.crop_size) * sx, (top + self.crop_size) * sy)
+        size = (self.crop_size, self.crop_size)
+        return np.asarray(_resize(*decode(image, box, size), size))
 
 
 @dataclass(frozen=True)
@@ -79,9 +89,14 @@ class RandomResizedCrop:
         top, left = (height - h) // 2, (width - w) // 2
         return left, top, left + w, top + h
 
+    @property
+    def output_shape(self):
+        return self.size, self.size, 3
+
     def __call__(self, image, rng):
         box = self._box(*image.size, rng)
-        return _flip(np.asarray(_resize(image, (self.size, self.size), box)), rng)
+        size = (self.size, self.size)
+        return _flip(np.asarray(_resize(*decode(image, box, size), size)), rng)
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,10 @@ class PadCrop:
     """The CIFAR augmentation: zero-pad by `pad`, take a random `size` crop, flip."""
     size: int
     pad: int = 4
+
+    @property
+    def output_shape(self):
+        return self.size, self.size, 3
 
     def __call__(self, image, rng):
         array = CenterCrop(self.size, self.size)(image)  # a no-op on size x size images
