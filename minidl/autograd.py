@@ -16,6 +16,10 @@ gradients of intermediate tensors are released once they have been consumed.
 Gradients accumulate: a tensor used twice receives the sum. A leaf whose `.grad` already
 exists (a parameter whose gradient is a view into the optimizer's flat buffer) is
 accumulated into IN PLACE, which keeps that view valid.
+
+Hook: a tensor whose `grad_hook` is set (None by default, a class attribute) has it called
+as `grad_hook(tensor)` right after each accumulation into its `.grad`. The gradient
+all-reduce (minidl.dist.GradientReducer) uses it to launch communication during backward.
 """
 import contextlib
 import heapq
@@ -54,6 +58,7 @@ def as_array(value, like=None):
 
 class Tensor:
     __array_priority__ = 200  # numpy_array + tensor dispatches to Tensor.__radd__
+    grad_hook = None  # called as grad_hook(tensor) after each accumulation into .grad
 
     def __init__(self, data, requires_grad=False):
         self.data = as_array(data)
@@ -155,6 +160,8 @@ def _accumulate(tensor, grad):
         tensor.grad.data += grad  # in place: parameter grads are views into a flat buffer
     else:
         tensor.grad = Tensor(tensor.grad.data + grad)
+    if tensor.grad_hook is not None:
+        tensor.grad_hook(tensor)
 
 
 def as_tensor(value, like=None):

@@ -1,0 +1,189 @@
+"""All-reduce algorithms: `AllReduce(comm, algorithm, shape)(buffer)` leaves the SUM in place.
+
+- ring: one native all-reduce over all ranks (MPI's or NCCL's own algorithm);
+- hierarchical: reduce-scatter within the node, all-reduce across nodes on the node's 1/L
+  shard (L ranks per node), all-gather within the node;
+- torus2d (Mikami et al. 2018): ranks in a logical X×Y grid, rank r at column r % X of row
+  r // X; reduce-scatter along the row (X ranks), all-reduce along the column (Y ranks) on
+  the 1/X shard, all-gather along the row: 2(X−1) + 2(Y−1) latency steps instead of the
+  ring's 2(XY−1), with the same bytes per rank.
+
+hierarchical is the same two-level scheme with the node as the row, so both are written once
+(`inner`, `outer`). A level of one rank is skipped. The buffer must split evenly among the
+row, so a length that does not divide is padded in a scratch buffer (never truncated): a flat
+buffer whose length is a multiple of `alignment` avoids that copy. Sub-communicators and
+scratch buffers are made once and reused. Each stage runs on a private duplicate of its group
+(the all-gather on another one than the reduce-scatter), so bucketed reductions in flight at
+different stages never mix up their messages: MPI matches the collectives on a communicator
+by their order alone.
+
+A `Plan` is one all-reduce of one buffer, stage by stage: `run()` blocks; the gradient
+reducer steps it instead (`begin`, `ready`, `advance`, `finish`) to overlap it with backward.
+"""
+import math
+
+from minidl.backend import get_array_module
+from minidl.dist.comm import DONE
+from minidl.errors import UserError
+
+ALGORITHMS = ("ring", "hierarchical", "torus2d")
+
+
+def parse_shape(text):
+    """'4x2' -> (4, 2), for a --torus-shape flag."""
+    parts = str(text).lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise UserError(f"torus shape {text!r} is not XxY with positive integers: write e.g. 4x2")
+    return int(parts[0]), int(parts[1])
+
+
+def square_grid(size):
+    """(X, Y) with X·Y = size, X ≤ Y and X as large as possible: the grid with the fewest steps."""
+    x = max(d for d in range(1, math.isqrt(size) + 1) if size % d == 0)
+    return x, size // x
+
+
+def check_shape(shape, size):
+    x, y = shape
+    if x * y != size:
+        options = ", ".join(f"{d}x{size // d}" for d in range(1, size + 1) if size % d == 0)
+        raise UserError(f"torus shape {x}x{y} has {x * y} ranks but the job has {size}: use one of "
+                        f"{options}, or leave the shape out to take the squarest")
+    return x, y
+
+
+class AllReduce:
+    def __init__(self, comm, algorithm="torus2d", shape=None):
+        """Collective over `comm`: every rank must construct it at the same point, with the same
+        arguments. `shape` = (X, Y) for torus2d; None takes `square_grid(comm.size)`."""
+        if algorithm not in ALGORITHMS:
+            raise UserError(f"all-reduce algorithm {algorithm!r} does not exist: choose one of {', '.join(ALGORITHMS)}")
+        if shape is not None and algorithm != "torus2d":
+            raise UserError(f"a torus shape was given for the {algorithm} all-reduce: it only applies to torus2d")
+        self.comm, self.algorithm = comm, algorithm
+        self.shape = check_shape(shape or square_grid(comm.size), comm.size) if algorithm == "torus2d" else None
+        if algorithm == "ring":
+            inner, outer = None, comm
+        elif algorithm == "hierarchical":
+            inner, outer = comm.node_comm, _cross_node(comm)
+        else:
+            x = self.shape[0]
+            inner = comm.split(comm.rank // x, comm.rank % x)
+            outer = comm.split(comm.rank % x, comm.rank // x)
+        inner = inner if inner is not None and inner.size > 1 else None
+        outer = outer if outer.size > 1 else None
+        # private duplicates: no other collective on these groups can slip between the stages
+        # of reductions in flight, and the all-gather never matches a reduce-scatter
+        self.inner = inner.dup() if inner is not None else None
+        self.inner_gather = inner.dup() if inner is not None else None
+        self.outer = outer.dup() if outer is not None else None
+        self.alignment = inner.size if inner is not None else 1
+        self._scratch = {}
+
+    @property
+    def name(self):
+        """'ring', 'hierarchical' or 'torus2d XxY'."""
+        return f"{self.algorithm} {self.shape[0]}x{self.shape[1]}" if self.shape else self.algorithm
+
+    def __repr__(self):
+        return f"AllReduce({self.name} over {self.comm.size} ranks)"
+
+    def __call__(self, buffer):
+        """buffer (1-D, float32 or float64) ← the elementwise SUM over ranks, in place."""
+        self.plan(buffer, self._cached_scratch).run()
+
+    def _cached_scratch(self, role, size, like):
+        """One array per role, kept from call to call while the size and kind stay the same."""
+        kept = self._scratch.get(role)
+        if kept is None or kept.size != size or kept.dtype != like.dtype or type(kept) is not type(like):
+            kept = self._scratch[role] = _new_scratch(role, size, like)
+        return kept
+
+    def plan(self, buffer, scratch=None):
+        """A Plan for summing `buffer`; `scratch(role, size, like)` supplies its work arrays
+        (default: new ones, owned by the plan)."""
+        if buffer.ndim != 1 or buffer.dtype.name not in ("float32", "float64"):
+            raise ValueError(f"all-reduce takes a 1-D float32 or float64 buffer, not {buffer.ndim}-D {buffer.dtype}")
+        scratch = scratch or _new_scratch
+        padded = -(-buffer.size // self.alignment) * self.alignment
+        work = buffer if padded == buffer.size else scratch("padded", padded, buffer)
+        if self.inner is None:
+            stages = [(self.outer, "allreduce", work, work)] if self.outer is not None else []
+        else:
+            shard = scratch("shard", padded // self.alignment, buffer)
+            stages = [(self.inner, "reduce_scatter", work, shard)]
+            if self.outer is not None:
+                stages.append((self.outer, "allreduce", shard, shard))
+            stages.append((self.inner_gather, "allgather", shard, work))
+        return Plan(buffer, work, stages)
+
+
+def _new_scratch(role, size, like):
+    return get_array_module(like).zeros(size, like.dtype)
+
+
+def _cross_node(comm):
+    """The cross-node communicator, after checking that every node has as many ranks."""
+    sizes = comm.allgather_object(comm.local_size if comm.local_rank == 0 else None)
+    sizes = [s for s in sizes if s is not None]
+    if len(set(sizes)) > 1:
+        raise UserError(f"the hierarchical all-reduce needs the same number of ranks on every node, "
+                        f"but the nodes have {', '.join(map(str, sizes))}: start as many ranks per node "
+                        "(or set MINIDL_RANKS_PER_NODE to a divisor of the world size), or use torus2d or ring")
+    return comm.cross_node_comm
+
+
+class Plan:
+    """One all-reduce of one buffer as a chain of collectives (comm, op, src, dst)."""
+
+    def __init__(self, buffer, work, stages):
+        self.buffer, self.work, self.stages = buffer, work, stages
+        self.next = 0  # the stage to start next
+        self.request = DONE
+
+    def run(self):
+        """Reduce now, blocking."""
+        self._prepare()
+        for comm, op, src, dst in self.stages:
+            comm.run(op, src, dst)
+        self._finish()
+
+    # stepwise, non-blocking: begin(), then advance() after ready() while stages remain, finish()
+
+    def begin(self):
+        self.next, self.request = 0, DONE
+        self._prepare()
+        if self.stages:
+            self.advance()
+
+    @property
+    def stages_left(self):
+        return self.next < len(self.stages)
+
+    def ready(self, block=False):
+        """Whether the running stage has completed (with block=True: once it has)."""
+        if block:
+            self.request.wait()
+            return True
+        return self.request.test()
+
+    def advance(self):
+        """Start the next stage."""
+        comm, op, src, dst = self.stages[self.next]
+        self.request = comm.start(op, src, dst)
+        self.next += 1
+
+    def finish(self):
+        """After the last stage has started: wait for it (on a GPU the compute stream waits),
+        then copy the result out of the padded scratch."""
+        self.request.wait()
+        self._finish()
+
+    def _prepare(self):
+        if self.work is not self.buffer:
+            self.work[:self.buffer.size] = self.buffer
+            self.work[self.buffer.size:] = 0
+
+    def _finish(self):
+        if self.work is not self.buffer:
+            self.buffer[...] = self.work[:self.buffer.size]

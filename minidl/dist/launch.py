@@ -1,0 +1,43 @@
+"""Whether this process is a rank of an MPI job, and the way to MPI (mpi4py, imported lazily:
+a single process never needs it)."""
+import os
+import sys
+
+from minidl.errors import UserError
+
+# Set by the launchers that start MPI processes: MPICH's hydra, Intel MPI and srun --mpi=pmi2
+# (PMI_RANK), PMIx-based ones such as Open MPI 5 and srun --mpi=pmix (PMIX_RANK), Open MPI 4
+# (OMPI_COMM_WORLD_RANK), MVAPICH2 (MV2_COMM_WORLD_RANK).
+LAUNCHER_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def srun_tasks():
+    """How many tasks the enclosing srun step started (1 outside srun)."""
+    value = os.environ.get("SLURM_STEP_NUM_TASKS", "1")
+    return int(value) if value.isdigit() else 1
+
+
+def launched_by_mpi():
+    """Whether this process is one rank of an MPI job (else it runs alone, without MPI).
+
+    `python -m mpi4py` counts as launched: it has initialized MPI already; so does a task of
+    an srun step of several tasks."""
+    return ("mpi4py.MPI" in sys.modules or any(name in os.environ for name in LAUNCHER_VARIABLES)
+            or srun_tasks() > 1)
+
+
+def check_world_size(size):
+    """Refuse N copies of a 1-rank job: srun started tasks that MPI does not join."""
+    if size == 1 and srun_tasks() > 1:
+        raise UserError(f"srun started {srun_tasks()} tasks but MPI sees each alone: run "
+                        "srun --mpi=pmix (or pmi2) with an MPI built for Slurm, or start the job with mpirun")
+
+
+def load_mpi():
+    """The mpi4py.MPI module (initializing MPI on first use), or a UserError saying how to get it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as error:
+        raise UserError(f"this is an MPI job but mpi4py cannot be imported ({error}): "
+                        "pip install mpi4py mpich (or the extra: pip install 'minidl[mpi]')") from None
+    return MPI

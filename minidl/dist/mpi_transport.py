@@ -1,0 +1,93 @@
+"""Collectives over MPI (mpi4py) on NumPy arrays, and on CuPy arrays one of two ways.
+
+A CUDA-aware MPI reads and writes device memory itself: it gets the CuPy array (after the
+current stream is synchronized, since MPI knows nothing of streams). Otherwise the data is
+staged: copied to host memory, reduced there, copied back. CUDA-awareness is asked of the MPI
+library (MPIX_Query_cuda_support, which MPICH and Open MPI export); MINIDL_CUDA_AWARE_MPI=1|0
+overrides the answer.
+
+Blocking calls use MPI's blocking collectives (its tuned algorithms); `start` uses the
+non-blocking ones (MPI-3), which progress whenever the process enters MPI (`test`, `wait`).
+"""
+import ctypes
+import functools
+import os
+
+import numpy
+
+from minidl.dist.launch import load_mpi
+
+
+@functools.cache
+def cuda_aware():
+    """Whether MPI can take device pointers."""
+    forced = os.environ.get("MINIDL_CUDA_AWARE_MPI")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:  # the mpi4py extension module resolves the symbol through the libmpi it links
+        query = ctypes.CDLL(load_mpi().__file__).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return False
+    return bool(query())
+
+
+class MpiTransport:
+    def __init__(self, mpi_comm):
+        self.comm = mpi_comm
+        self.MPI = load_mpi()
+
+    def run(self, op, src, dst, root=0):
+        send, recv, copy_back = self._stage(src, dst)
+        self._call(op, send, recv, root, blocking=True)
+        copy_back()
+
+    def start(self, op, src, dst, root=0):
+        send, recv, copy_back = self._stage(src, dst)
+        return MpiRequest(self._call(op, send, recv, root, blocking=False), copy_back)
+
+    def _stage(self, src, dst):
+        """(what MPI sends, where MPI receives, what to do once it has)."""
+        if isinstance(dst, numpy.ndarray):
+            return src, dst, _nothing
+        import cupy
+        cupy.cuda.get_current_stream().synchronize()  # the data MPI reads must be complete
+        if cuda_aware():
+            return src, dst, _nothing
+        send = src.get()
+        recv = send if dst is src else numpy.empty(dst.shape, dst.dtype)
+        return send, recv, functools.partial(dst.set, recv)
+
+    def _call(self, op, send, recv, root, blocking):
+        comm, MPI = self.comm, self.MPI
+        if op == "allreduce":
+            call = comm.Allreduce if blocking else comm.Iallreduce
+            return call(MPI.IN_PLACE if send is recv else send, recv, op=MPI.SUM)
+        if op == "reduce_scatter":
+            call = comm.Reduce_scatter_block if blocking else comm.Ireduce_scatter_block
+            return call(send, recv, op=MPI.SUM)
+        if op == "allgather":
+            return (comm.Allgather if blocking else comm.Iallgather)(send, recv)
+        return (comm.Bcast if blocking else comm.Ibcast)(recv, root=root)
+
+
+def _nothing():
+    pass
+
+
+class MpiRequest:
+    def __init__(self, request, copy_back):
+        self.request, self.copy_back = request, copy_back
+
+    def test(self):
+        if self.copy_back is not None and self.request.Test():
+            self._finish()
+        return self.copy_back is None
+
+    def wait(self):
+        if self.copy_back is not None:
+            self.request.Wait()
+            self._finish()
+
+    def _finish(self):
+        copy_back, self.copy_back = self.copy_back, None
+        copy_back()

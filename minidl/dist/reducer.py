@@ -1,0 +1,146 @@
+"""`GradientReducer`: the all-reduce of the optimizer's flat gradient buffer, overlapped with backward.
+
+The flat buffer is cut into buckets of about `bucket_mb` MiB (boundaries at multiples of the
+all-reduce's alignment). Backward produces gradients roughly in reverse registration
+order, so buckets are launched from the end of the buffer to its start. A bucket is launched
+as soon as every parameter that overlaps it has its FINAL gradient: `backward(loss)` first
+counts, in the recorded graph, how many gradient contributions each parameter will receive
+(a parameter used twice receives two), and a hook on each parameter (`Tensor.grad_hook`)
+counts them down as backward delivers them (a contribution that never comes, a None
+gradient, leaves its bucket to `wait()`). Buckets launch strictly in order, and each
+bucket's next stage starts only after the previous bucket has started that stage, so every
+rank issues the same collectives in the same order on each communicator, whatever the timing.
+
+Without `backward(loss)` (plain `loss.backward()`), `wait()` launches every bucket after the
+fact: the same collectives on the same data, so the overlapped and the non-overlapped paths
+give bit-identical results. (Against ONE all-reduce of the whole buffer, bucketing changes
+only how the MPI/NCCL library may group the additions of more than two ranks: equal up to
+float rounding, bit for bit with two ranks.)
+"""
+import functools
+
+MEGABYTE = 1 << 20
+
+
+def bucket_bounds(length, itemsize, bucket_mb, alignment):
+    """[(start, stop)] covering range(length), in launch order (last bucket of the buffer first)."""
+    if not bucket_mb or bucket_mb <= 0:
+        return [(0, length)]
+    per_bucket = max(alignment, int(bucket_mb * MEGABYTE / itemsize) // alignment * alignment)
+    starts = range(0, length, per_bucket)
+    return [(start, min(start + per_bucket, length)) for start in reversed(starts)]
+
+
+def count_uses(loss, index):
+    """{parameter index: how many gradients backward from `loss` will accumulate into it}.
+
+    Walks the graph exactly as Tensor.backward does: every Function reachable through inputs
+    that require grad runs once and delivers one gradient per input slot."""
+    counts = {}
+    if loss.creator is None:
+        return {index[id(loss)]: 1} if id(loss) in index else {}
+    stack, seen = [loss.creator], set()
+    while stack:
+        function = stack.pop()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        for x in function.inputs:
+            if not x.requires_grad:
+                continue
+            if x.creator is not None:
+                stack.append(x.creator)
+            elif id(x) in index:
+                counts[index[id(x)]] = counts.get(index[id(x)], 0) + 1
+    return counts
+
+
+class GradientReducer:
+    def __init__(self, allreduce, flat, bucket_mb=25.0):
+        """Reduce `flat.grad` (an optimizer's FlatParameters) with the AllReduce `allreduce`.
+        bucket_mb=None or 0: one bucket, the whole buffer. Installs a grad_hook on every
+        parameter of `flat` (remove them with `close()`)."""
+        self.allreduce, self.flat = allreduce, flat
+        grad = flat.grad
+        bounds = bucket_bounds(grad.size, grad.itemsize, bucket_mb, allreduce.alignment)
+        self.plans = [allreduce.plan(grad[start:stop]) for start, stop in bounds]
+        # the buckets each parameter overlaps
+        self._buckets_of = [[k for k, (start, stop) in enumerate(bounds) if begin < stop and start < end]
+                            for begin, end in flat.segments]
+        self._index = {id(p): i for i, p in enumerate(flat.params)}
+        self._remaining = None  # per parameter: gradients still to come; None while not armed
+        self._missing = [0] * len(self.plans)  # per bucket: parameters without their final gradient
+        self._launched = 0  # buckets launched so far this step (a prefix of self.plans)
+        self.launched_in_backward = 0  # how many of them started before backward returned
+        for i, p in enumerate(flat.params):
+            p.grad_hook = functools.partial(self._on_gradient, i)
+
+    @property
+    def active(self):
+        return self.allreduce.comm.size > 1
+
+    def backward(self, loss):
+        """loss.backward(), launching each bucket's reduction as soon as its gradients are final."""
+        if self._launched:
+            raise RuntimeError("the previous reduction is still in flight: call wait() before the next backward")
+        if not self.active:
+            loss.backward()
+            return
+        uses = count_uses(loss, self._index)
+        self._remaining = [uses.get(i, 0) for i in range(len(self.flat.params))]
+        self._missing = [0] * len(self.plans)
+        for i, left in enumerate(self._remaining):
+            for k in self._buckets_of[i]:
+                self._missing[k] += left > 0
+        self._launch_ready()
+        try:
+            loss.backward()
+        finally:
+            self._remaining = None
+        self.launched_in_backward = self._launched
+
+    def wait(self):
+        """Complete the reduction: flat.grad then holds the SUM over ranks of their gradients."""
+        if not self.active:
+            return
+        self._missing = [0] * len(self.plans)  # backward is over: every gradient is final
+        self._launch_ready()
+        self._progress(block=True)
+        self._launched = 0
+
+    def close(self):
+        """Remove the hooks from the parameters."""
+        for p in self.flat.params:
+            p.grad_hook = None
+
+    def _on_gradient(self, i, tensor):
+        if self._remaining is None:  # not inside backward(): the plain path reduces in wait()
+            return
+        self._remaining[i] -= 1
+        if self._remaining[i] < 0:
+            raise RuntimeError(f"parameter {i} of shape {tensor.shape} received more gradients than the "
+                               "graph held: its bucket may already be in flight")
+        if self._remaining[i] == 0:
+            for k in self._buckets_of[i]:
+                self._missing[k] -= 1
+            self._launch_ready()
+        self._progress(block=False)
+
+    def _launch_ready(self):
+        while self._launched < len(self.plans) and self._missing[self._launched] == 0:
+            self.plans[self._launched].begin()
+            self._launched += 1
+
+    def _progress(self, block):
+        """Start the next stages of the launched buckets as far as completion and the order rule
+        allow; with block=True, also run each to its end. Buckets finish only here with
+        block=True, in wait(): on a GPU, finishing makes the compute stream wait, which must
+        not happen while backward still has work to queue."""
+        for k in range(self._launched):
+            plan, earlier = self.plans[k], self.plans[k - 1] if k else None
+            while plan.stages_left and plan.ready(block):
+                if earlier is not None and earlier.next <= plan.next:
+                    break  # the previous bucket must start this stage first
+                plan.advance()
+            if block:
+                plan.finish()

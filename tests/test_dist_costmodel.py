@@ -1,0 +1,71 @@
+"""The alpha–beta cost model against closed forms, and the all-reduce benchmark end to end."""
+import json
+
+import pytest
+
+from minidl.bench import allreduce as bench
+from minidl.dist import costmodel
+from mpi.launch import run
+
+N = 100e6
+ABCI = costmodel.ABCI
+
+
+@pytest.mark.parametrize("x, y", [(4, 272), (32, 34), (48, 72), (1, 8), (8, 1)])
+def test_torus_steps_and_bytes(x, y):
+    phases = costmodel.torus(ABCI, x, y, N)
+    assert costmodel.steps(phases) == 2 * (x - 1) + 2 * (y - 1)
+    # the same bytes per rank as a ring over all x·y ranks
+    assert costmodel.bytes_sent(phases) == pytest.approx(2 * (x * y - 1) / (x * y) * N)
+
+
+def test_ring_and_halving_doubling_steps():
+    assert costmodel.steps(costmodel.ring(ABCI, 1088, N)) == 2 * 1087
+    assert costmodel.steps(costmodel.halving_doubling(ABCI, 1024, N)) == 2 * 10
+    assert costmodel.steps(costmodel.halving_doubling(ABCI, 1088, N)) == 2 * 10 + 2
+    assert costmodel.bytes_sent(costmodel.halving_doubling(ABCI, 1024, N)) == pytest.approx(2 * 1023 / 1024 * N)
+
+
+def test_times_are_alpha_beta_sums():
+    machine = costmodel.Machine(gpus_per_node=8, alpha=1e-5, intra_bandwidth=1e9, node_bandwidth=4e9)
+    # one node: 2(p−1) steps of n/p bytes over NVLink
+    assert costmodel.seconds(costmodel.ring(machine, 8, N), machine) == pytest.approx(14 * (1e-5 + N / 8 / 1e9))
+    # 4x4 torus on 8-GPU nodes: rows inside a node; each column has 2 ranks per node, so
+    # 4 columns share a node's network: 4e9 · 2 / 8 = 1e9 per column
+    rows = 2 * 3 * (1e-5 + N / 4 / 1e9)
+    columns = 2 * 3 * (1e-5 + N / 16 / 1e9)
+    assert costmodel.seconds(costmodel.torus(machine, 4, 4, N), machine) == pytest.approx(rows + columns)
+
+
+def test_calibration_recovers_alpha_and_bandwidth():
+    truth = costmodel.Machine(gpus_per_node=8, alpha=3e-5, intra_bandwidth=2e9)
+    measured = [(n, costmodel.seconds(costmodel.ring(truth, 8, n), truth)) for n in (1e6, 1e7, 1e8)]
+    fitted = costmodel.calibrate(measured, 8)
+    assert fitted.alpha == pytest.approx(3e-5) and fitted.intra_bandwidth == pytest.approx(2e9)
+
+
+def test_sony_grids():
+    assert costmodel.sony_grids(1088, 4) == [(4, 272), (32, 34)]
+    assert costmodel.sony_grids(3456, 4) == [(4, 864), (48, 72)]
+
+
+def test_model_mode_prints_the_three_cluster_sizes(capsys):
+    assert bench.main(["--model"]) == 0
+    out = capsys.readouterr().out
+    for ranks, ring_steps in ((1088, 2174), (2176, 4350), (3456, 6910)):
+        assert f"ring 2(XY−1) = {ring_steps}" in out and f"\n{ranks:>6}  torus2d" in out
+    assert "torus 2(X−1)+2(Y−1) = 548 (4x272), 128 (32x34)" in out
+
+
+def test_benchmark_under_mpiexec_then_calibration(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    result = run("minidl.bench", 4, "allreduce", "--sizes-mb", "0.1,1", "--repeat", "2",
+                 "--json", path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(path.read_text())
+    names = [row["algorithm"] for row in rows]
+    assert names == ["native", "ring", "hierarchical", "torus2d 2x2"] * 2
+    assert all(row["ranks"] == 4 and row["seconds"] > 0 and row["vs_native"] > 0 for row in rows)
+    assert "torus2d 2x2" in result.stdout
+    assert bench.main(["--model", "--calibrate", str(path)]) == 0
+    assert "calibrated on" in capsys.readouterr().out
