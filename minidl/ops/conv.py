@@ -14,6 +14,7 @@ offsets back into the padded input with one strided slice each.
 Every pass runs over chunks of images (minidl.parallel): each chunk's im2col block is
 consumed while still in cache, and the chunks run on all cores.
 """
+from minidl import kernels
 from minidl.autograd import Function
 from minidl.backend import get_array_module
 from minidl.parallel import run_chunks, sum_chunks
@@ -121,15 +122,25 @@ class Conv2d(Function):
 
     def forward(self, x, w, b=None):
         self.x, self.w, self.has_bias = x, w, b is not None
-        y = correlate(x, w, self.stride, self.padding)
+        if kernels.wants(x, w):
+            y = kernels.device().conv_forward(x, w, self.stride, self.padding)
+        else:
+            y = correlate(x, w, self.stride, self.padding)
         if b is not None:
             y += b
         return y
 
     def backward(self, gy):
         x, w = self.x, self.w
-        gx = grad_input(gy, w, x.shape, self.stride, self.padding)
-        gw = grad_weight(x, gy, w, self.stride, self.padding)
+        if kernels.wants(gy, x, w):
+            gpu = kernels.device()
+            gx = None  # for an input that needs none, the image: the stem's costly grad-input
+            if self.inputs[0].requires_grad:
+                gx = gpu.conv_grad_input(gy, w, x.shape, self.stride, self.padding)
+            gw = gpu.conv_grad_weight(x, gy, w.shape, self.stride, self.padding)
+        else:
+            gx = grad_input(gy, w, x.shape, self.stride, self.padding)
+            gw = grad_weight(x, gy, w, self.stride, self.padding)
         if not self.has_bias:
             return gx, gw
         return gx, gw, gy.reshape(-1, w.shape[0]).sum(axis=0)

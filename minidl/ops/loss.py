@@ -2,6 +2,7 @@
 target = (1 − ε)·onehot + ε/K, so loss = (1 − ε)·NLL + ε·mean_k(−log p_k).
 The gradient with respect to the logits is (softmax − target) / N.
 """
+from minidl import kernels
 from minidl.autograd import Function, Tensor
 from minidl.backend import get_array_module
 
@@ -17,6 +18,9 @@ class SoftmaxCrossEntropy(Function):
         self.labels, self.eps = labels, label_smoothing
 
     def forward(self, logits):
+        if kernels.wants(logits):  # forward and backward in one pass; backward scales by gy
+            loss, self.grad = kernels.device().softmax_cross_entropy(logits, self.labels, self.eps)
+            return loss
         xp = get_array_module(logits)
         n, k = logits.shape
         logp = log_softmax(logits)
@@ -26,6 +30,8 @@ class SoftmaxCrossEntropy(Function):
         return ((1 - self.eps) * nll + self.eps * smooth).mean()
 
     def backward(self, gy):
+        if hasattr(self, "grad"):
+            return self.grad * gy
         xp = get_array_module(self.logp)
         n, k = self.logp.shape
         grad = xp.exp(self.logp)

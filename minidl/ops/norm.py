@@ -12,6 +12,7 @@ per-channel c1, c0 (derivation in `backward`), needing only two reductions over 
 With channels last an NHWC tensor is an (N·H·W, C) matrix: every pass runs over chunks of
 its rows in parallel (minidl.parallel), and per-channel sums are products with a ones vector.
 """
+from minidl import kernels
 from minidl.autograd import Function
 from minidl.backend import get_array_module
 from minidl.parallel import map_rows, sum_rows
@@ -46,6 +47,11 @@ class BatchNorm(Function):
         self.training, self.momentum, self.eps = training, momentum, eps
 
     def forward(self, x, gamma, beta):
+        if kernels.wants(x, gamma, beta, self.running_mean, self.running_var):
+            self.x = x
+            y, self.saved = kernels.device().batch_norm_forward(
+                x, gamma, beta, self.running_mean, self.running_var, self.training, self.momentum, self.eps)
+            return y
         xp = get_array_module(x)
         x2 = x.reshape(-1, x.shape[-1])
         if self.training:
@@ -74,6 +80,8 @@ class BatchNorm(Function):
         self.running_var += m * unbiased_var
 
     def backward(self, gy):
+        if hasattr(self, "saved"):  # the forward ran on the kernels
+            return kernels.device().batch_norm_backward(gy, self.x, self.saved, self.training)[:3]
         xp = get_array_module(gy)
         channels = gy.shape[-1]
         gy2, x2 = gy.reshape(-1, channels), self.x.reshape(-1, channels)

@@ -6,6 +6,7 @@ reduction over two non-contiguous axes. Backward sends each output's gradient to
 maximum of its window in (r, s) order, as torch does, so ties (zeros after a ReLU) are
 routed the same way.
 """
+from minidl import kernels
 from minidl.autograd import Function
 from minidl.backend import get_array_module
 from minidl.ops.conv import output_size, pad_hw
@@ -23,6 +24,10 @@ class MaxPool2d(Function):
         self.kernel, self.stride, self.padding = kernel_size, stride, padding
 
     def forward(self, x):
+        if kernels.wants(x):  # keeps the argmax bytes instead of the padded input
+            self.x_shape = x.shape
+            y, self.argmax = kernels.device().max_pool_forward(x, self.kernel, self.stride, self.padding)
+            return y
         xp = get_array_module(x)
         n, h, w, c = x.shape
         p = output_size(h, self.kernel, self.stride, self.padding)
@@ -36,6 +41,9 @@ class MaxPool2d(Function):
         return y
 
     def backward(self, gy):
+        if hasattr(self, "argmax"):
+            return kernels.device().max_pool_backward(gy, self.argmax, self.x_shape, self.kernel, self.stride,
+                                                      self.padding)
         xp = get_array_module(gy)
         _, p, q, _ = gy.shape
         gx = xp.zeros(self.x_padded.shape, dtype=gy.dtype)
@@ -52,9 +60,13 @@ class MaxPool2d(Function):
 class GlobalAvgPool(Function):
     def forward(self, x):
         self.shape = x.shape
+        if kernels.wants(x):
+            return kernels.device().global_avg_pool_forward(x)
         return x.mean(axis=(1, 2))
 
     def backward(self, gy):
+        if kernels.wants(gy):
+            return kernels.device().global_avg_pool_backward(gy, self.shape)
         xp = get_array_module(gy)
         n, h, w, c = self.shape
         return xp.broadcast_to((gy / (h * w))[:, None, None, :], self.shape).copy()

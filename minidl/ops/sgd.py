@@ -9,10 +9,13 @@ buffers, `decay` the per-element weight-decay rate (or None).
 
 `scratch` is a buffer of the same size reused across steps.
 """
+from minidl import kernels
 from minidl.backend import get_array_module
 
 
 def sgd_momentum_update(w, g, u, scratch, lr, momentum, grad_scale=1.0, decay=None, nesterov=False):
+    if kernels.wants(w, g, u, decay):  # one pass in kernels/sgd.cu, scratch unused
+        return kernels.device().sgd_momentum_update(w, g, u, lr, momentum, grad_scale, decay, nesterov)
     xp = get_array_module(w)
     d = scratch
     xp.multiply(g, grad_scale, out=d)

@@ -1,0 +1,234 @@
+// Batch normalization over the N·H·W rows of an NHWC tensor, seen as a (rows, C) matrix, with
+// the fused variants of ResNet's bottleneck: BN+ReLU and BN+add+ReLU, forward and backward.
+//
+// Reference: minidl/ops/norm.py (torch's conventions: biased batch variance to normalize,
+// unbiased for the running variance, running = (1 − momentum)·running + momentum·batch).
+//
+// Every pass is "per channel over all rows", so all kernels share one grid: blockIdx.x picks
+// 32 channels (threadIdx.x, so a warp reads one contiguous run of a row), blockIdx.y a slab of
+// `rows_per_block` rows, and the 8 threadIdx.y lanes of a block take every 8th row of the slab,
+// BN_UNROLL rows in flight per thread. Per-slab partial results go to a small workspace and a
+// one-thread-per-channel kernel combines the slabs in order: deterministic, no atomics.
+//
+// Forward, training:  bn_stats      Welford (count, mean, M2) per thread, merged with Chan's
+//                                   formula across lanes, then across slabs: no cancellation
+//                                   even where |mean| ≫ std
+//                     bn_finalize   mean, 1/std, running statistics, scale = γ/std,
+//                                   shift = β − mean·scale
+//                     bn_apply      y = act(x·scale + shift [+ residual]), act = ReLU or none
+// Forward, eval:      bn_finalize with no slabs (running statistics), then bn_apply.
+// Backward:           bn_backward_reduce    g = dy·[y > 0] (fused ReLU: y is the block's output)
+//                                           or dy; per channel Σ g and Σ g·(x − mean)
+//                     bn_backward_finalize  dβ = Σ g, dγ = Σ g·(x − mean)/std, and the
+//                                           coefficients of dx = g·scale + (x − mean)·k1 + k0
+//                                           (training: k1 = −scale·dγ/(std·M), k0 = −scale·dβ/M;
+//                                           eval: k1 = k0 = 0)
+//                     bn_backward_apply     dx, and d_residual = g for BN+add+ReLU
+//
+// Storage type T: float or __nv_bfloat16 for x, y, dy, dx, residual; statistics, γ, β and all
+// arithmetic are fp32. Shapes: any rows and C (ResNet-50: C from 64 to 2048, rows = N·H·W from
+// N·49 to N·12544).
+#include <cuda_bf16.h>
+
+constexpr int BN_CHANNELS = 32;
+constexpr int BN_ROW_LANES = 8;
+constexpr int BN_THREADS = BN_CHANNELS * BN_ROW_LANES;
+constexpr int BN_UNROLL = 4;
+constexpr int BN_FINALIZE_THREADS = 128;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+
+struct Welford {
+    float count, mean, m2;
+    __device__ void add(float x) {
+        count += 1.0f;
+        float delta = x - mean;
+        mean += delta / count;
+        m2 += delta * (x - mean);
+    }
+    __device__ void merge(const Welford& other) {  // Chan et al.; an empty side changes nothing
+        float total = count + other.count;
+        if (total == 0.0f) return;
+        float delta = other.mean - mean;
+        mean += delta * (other.count / total);
+        m2 += other.m2 + delta * delta * (count * other.count / total);
+        count = total;
+    }
+};
+
+// This thread's channel and rows: row = first, first + step, ... < end.
+struct Slab {
+    int c, first, end;
+    static constexpr int step = BN_ROW_LANES;
+    __device__ Slab(int rows, int rows_per_block) {
+        c = blockIdx.x * BN_CHANNELS + threadIdx.x;
+        int begin = blockIdx.y * rows_per_block;
+        first = begin + threadIdx.y;
+        end = min(rows, begin + rows_per_block);
+    }
+};
+
+// Visit the rows of this thread's slab, BN_UNROLL loads in flight: f(row).
+template <typename F>
+__device__ __forceinline__ void for_rows(const Slab& slab, F f) {
+    for (int row = slab.first; row < slab.end; row += Slab::step * BN_UNROLL)
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; ++u)
+            if (row + u * Slab::step < slab.end) f(row + u * Slab::step);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(BN_THREADS) bn_stats(const T* x, int rows, int C, int rows_per_block,
+                                                       float* partial) {
+    __shared__ Welford lanes[BN_ROW_LANES][BN_CHANNELS];
+    Slab slab(rows, rows_per_block);
+    Welford acc{0.0f, 0.0f, 0.0f};
+    if (slab.c < C) {
+        for (int row = slab.first; row < slab.end; row += Slab::step * BN_UNROLL) {
+            float v[BN_UNROLL];  // all loads first: BN_UNROLL requests in flight
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; ++u) {
+                int r = row + u * Slab::step;
+                v[u] = r < slab.end ? to_float(x[(long long)r * C + slab.c]) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; ++u)
+                if (row + u * Slab::step < slab.end) acc.add(v[u]);
+        }
+    }
+    lanes[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && slab.c < C) {
+        Welford total = lanes[0][threadIdx.x];
+        for (int lane = 1; lane < BN_ROW_LANES; ++lane) total.merge(lanes[lane][threadIdx.x]);
+        float* out = partial + (long long)blockIdx.y * 3 * C + slab.c;  // [slab][count|mean|m2][C]
+        out[0] = total.count, out[C] = total.mean, out[2 * C] = total.m2;
+    }
+}
+
+// slabs > 0: batch statistics from bn_stats' partials (+ running-statistics update when
+// running_mean is not null); slabs == 0: the running statistics themselves (eval).
+__global__ void __launch_bounds__(BN_FINALIZE_THREADS) bn_finalize(const float* partial, int slabs, int C, int rows,
+                                                                   const float* gamma, const float* beta, float eps,
+                                                                   float momentum, float* running_mean,
+                                                                   float* running_var, float* mean_out,
+                                                                   float* inv_std_out, float* scale_out,
+                                                                   float* shift_out) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float mean, var;
+    if (slabs > 0) {
+        Welford total{0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < slabs; ++s) {
+            const float* p = partial + (long long)s * 3 * C + c;
+            total.merge(Welford{p[0], p[C], p[2 * C]});
+        }
+        mean = total.mean;
+        var = total.m2 / rows;
+        if (running_mean) {
+            float unbiased = var * (float(rows) / float(max(rows - 1, 1)));
+            running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean;
+            running_var[c] = (1.0f - momentum) * running_var[c] + momentum * unbiased;
+        }
+    } else {
+        mean = running_mean[c];
+        var = running_var[c];
+    }
+    float inv_std = 1.0f / sqrtf(var + eps);
+    float scale = gamma[c] * inv_std;
+    mean_out[c] = mean;
+    inv_std_out[c] = inv_std;
+    scale_out[c] = scale;
+    shift_out[c] = beta[c] - mean * scale;
+}
+
+// y = x·scale + shift (+ residual when not null), then ReLU when relu != 0
+template <typename T>
+__global__ void __launch_bounds__(BN_THREADS) bn_apply(const T* x, const T* residual, const float* scale,
+                                                       const float* shift, T* y, int rows, int C, int rows_per_block,
+                                                       int relu) {
+    Slab slab(rows, rows_per_block);
+    if (slab.c >= C) return;
+    float a = scale[slab.c], b = shift[slab.c];
+    for_rows(slab, [&](int row) {
+        long long i = (long long)row * C + slab.c;
+        float v = to_float(x[i]) * a + b;
+        if (residual) v += to_float(residual[i]);
+        if (relu) v = fmaxf(v, 0.0f);
+        store_as(y + i, v);
+    });
+}
+
+// the gradient reaching the BN output: dy, masked by the fused ReLU's output when y is not null
+template <typename T>
+__device__ __forceinline__ float bn_output_grad(const T* dy, const T* y, long long i) {
+    float g = to_float(dy[i]);
+    return y && !(to_float(y[i]) > 0.0f) ? 0.0f : g;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(BN_THREADS) bn_backward_reduce(const T* dy, const T* x, const T* y,
+                                                                 const float* mean, int rows, int C,
+                                                                 int rows_per_block, float* partial) {
+    __shared__ float sums[2][BN_ROW_LANES][BN_CHANNELS];
+    Slab slab(rows, rows_per_block);
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    if (slab.c < C) {
+        float m = mean[slab.c];
+        for_rows(slab, [&](int row) {
+            long long i = (long long)row * C + slab.c;
+            float g = bn_output_grad(dy, y, i);
+            sum_g += g;
+            sum_gx += g * (to_float(x[i]) - m);
+        });
+    }
+    sums[0][threadIdx.y][threadIdx.x] = sum_g;
+    sums[1][threadIdx.y][threadIdx.x] = sum_gx;
+    __syncthreads();
+    if (threadIdx.y == 0 && slab.c < C) {
+        for (int lane = 1; lane < BN_ROW_LANES; ++lane) {
+            sum_g += sums[0][lane][threadIdx.x];
+            sum_gx += sums[1][lane][threadIdx.x];
+        }
+        float* out = partial + (long long)blockIdx.y * 2 * C + slab.c;  // [slab][Σg|Σg(x−mean)][C]
+        out[0] = sum_g, out[C] = sum_gx;
+    }
+}
+
+__global__ void __launch_bounds__(BN_FINALIZE_THREADS) bn_backward_finalize(const float* partial, int slabs, int C,
+                                                                            int rows, const float* inv_std,
+                                                                            const float* scale, int training,
+                                                                            float* grad_gamma, float* grad_beta,
+                                                                            float* k1, float* k0) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (int s = 0; s < slabs; ++s) {
+        sum_g += partial[(long long)s * 2 * C + c];
+        sum_gx += partial[(long long)s * 2 * C + C + c];
+    }
+    float dgamma = sum_gx * inv_std[c];
+    grad_gamma[c] = dgamma;
+    grad_beta[c] = sum_g;
+    k1[c] = training ? -scale[c] * inv_std[c] * dgamma / rows : 0.0f;
+    k0[c] = training ? -scale[c] * sum_g / rows : 0.0f;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(BN_THREADS) bn_backward_apply(const T* dy, const T* x, const T* y, const float* mean,
+                                                                const float* scale, const float* k1, const float* k0,
+                                                                T* dx, T* d_residual, int rows, int C,
+                                                                int rows_per_block) {
+    Slab slab(rows, rows_per_block);
+    if (slab.c >= C) return;
+    float m = mean[slab.c], a = scale[slab.c], b1 = k1[slab.c], b0 = k0[slab.c];
+    for_rows(slab, [&](int row) {
+        long long i = (long long)row * C + slab.c;
+        float g = bn_output_grad(dy, y, i);
+        store_as(dx + i, g * a + (to_float(x[i]) - m) * b1 + b0);
+        if (d_residual) store_as(d_residual + i, g);
+    });
+}

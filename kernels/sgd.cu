@@ -1,0 +1,58 @@
+// The fused SGD-momentum update over the whole model's flat buffers, in one pass.
+//
+// Reference: minidl/ops/sgd.py (sgd_momentum_update). With s = grad_scale, λ the per-element
+// weight-decay rate (decay == nullptr: none), m = momentum, η = lr:
+//
+//     d = s·g + λ·w          weight decay is part of the gradient
+//     u = m·u + d
+//     w = w − η·u            nesterov: w = w − η·(d + m·u)
+//
+// Each of w, g, u, λ is read once and w, u written once: the update is bound by memory
+// bandwidth, so threads move four elements at a time (float4) when the buffers allow
+// (VECTOR = 4: n a multiple of 4 and every pointer 16-byte aligned, as the flat buffers are);
+// VECTOR = 1 is the general case. Every operation is an explicit IEEE single-precision
+// one (__fmul_rn, __fadd_rn): nothing is contracted into an FMA, and the result equals
+// NumPy's float32 reference bit for bit.
+//
+// Shapes: any n (a grid-stride loop covers the buffer whatever the grid).
+
+constexpr int SGD_THREADS = 256;
+
+// VECTOR consecutive floats, loaded and stored as one access
+template <int VECTOR> struct Pack;
+template <> struct Pack<1> {
+    float v[1];
+    __device__ void load(const float* p, int i) { v[0] = p[i]; }
+    __device__ void store(float* p, int i) const { p[i] = v[0]; }
+};
+template <> struct Pack<4> {
+    float v[4];
+    __device__ void load(const float* p, int i) {
+        float4 f = reinterpret_cast<const float4*>(p)[i];
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    }
+    __device__ void store(float* p, int i) const {
+        reinterpret_cast<float4*>(p)[i] = make_float4(v[0], v[1], v[2], v[3]);
+    }
+};
+
+template <int VECTOR>
+__global__ void __launch_bounds__(SGD_THREADS) sgd_momentum(float* w, const float* g, float* u, const float* decay,
+                                                            int n, float lr, float momentum, float grad_scale,
+                                                            int nesterov) {
+    int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n / VECTOR; i += stride) {
+        Pack<VECTOR> wp, gp, up, lambda;
+        wp.load(w, i), gp.load(g, i), up.load(u, i);
+        if (decay) lambda.load(decay, i);
+        for (int k = 0; k < VECTOR; ++k) {
+            float d = __fmul_rn(gp.v[k], grad_scale);
+            if (decay) d = __fadd_rn(d, __fmul_rn(lambda.v[k], wp.v[k]));
+            float uk = __fadd_rn(__fmul_rn(up.v[k], momentum), d);
+            float step = nesterov ? __fmul_rn(__fadd_rn(d, __fmul_rn(momentum, uk)), lr) : __fmul_rn(uk, lr);
+            wp.v[k] = __fsub_rn(wp.v[k], step);
+            up.v[k] = uk;
+        }
+        wp.store(w, i), up.store(u, i);
+    }
+}

@@ -1,0 +1,380 @@
+"""`python -m minidl.bench kernels`: the CUDA kernels on every ResNet-50 shape, against cuDNN.
+
+For every distinct convolution of ResNet-50 at 224×224 (forward, grad-input, grad-weight), the
+batch-norm kernels on every distinct BN shape (training forward: statistics + normalize;
+backward) and the fused SGD update over a ResNet-50-sized flat buffer: the median of --runs
+timed runs after --warmup, each run timed with CUDA events with the L2 cache flushed before it;
+achieved TFLOP/s (convolutions: 2·N·P·Q·K·R·S·C per pass) or GB/s (bytes the kernels must move)
+next to the device's ceiling (tensor-core or fp32 peak at the maximum clock; measured copy
+bandwidth), and, when PyTorch is importable, the same operation through cuDNN / PyTorch's CUDA
+kernels (channels_last, TF32 allowed, bf16 tensors) as a speed ratio (> 1: minidl is faster).
+Each operation is validated against PyTorch's result before it is timed.
+
+Targets (met here, not in tests): convolutions ≥ 0.5× cuDNN (geometric mean), batch norm
+≥ 70% and SGD ≥ 80% of the copy bandwidth. GPU only: on a CPU it says so and exits 2.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+import numpy
+
+from minidl.errors import UserError
+
+# FLOP per clock per SM (dense), by compute capability: (fp32 FMA units, TF32 and bf16 tensor cores)
+PEAK_FLOP_PER_CLOCK = {(8, 0): {"fp32": 128, "tf32": 1024, "bf16": 2048},
+                       (9, 0): {"fp32": 256, "tf32": 2048, "bf16": 4096}}
+RESNET50_STAGES = ((64, 3), (128, 4), (256, 6), (512, 3))  # (planes, blocks), v1.5: stride in the 3×3
+PARAMETERS_RESNET50 = 25_557_032
+DEVICE = "cuda"  # PyTorch's device for the peers (tests run the measuring code on "cpu")
+
+
+def resnet50_layers(batch, image=224):
+    """Every convolution of ResNet-50 in network order: [(name, (N, H, W, C, K, R, stride, padding))]."""
+    layers = [("conv1 7x7/2", (batch, image, image, 3, 64, 7, 2, 3))]
+    size, channels = image // 4, 64
+    for stage, (planes, blocks) in enumerate(RESNET50_STAGES, start=1):
+        for block in range(blocks):
+            stride = 2 if stage > 1 and block == 0 else 1
+            out = size // stride
+            prefix = f"layer{stage}.{block}"
+            layers.append((f"{prefix}.conv1 1x1", (batch, size, size, channels, planes, 1, 1, 0)))
+            layers.append((f"{prefix}.conv2 3x3/{stride}", (batch, size, size, planes, planes, 3, stride, 1)))
+            layers.append((f"{prefix}.conv3 1x1", (batch, out, out, planes, 4 * planes, 1, 1, 0)))
+            if block == 0:
+                layers.append((f"{prefix}.downsample 1x1/{stride}",
+                               (batch, size, size, channels, 4 * planes, 1, stride, 0)))
+            size, channels = out, 4 * planes
+    return layers
+
+
+def resnet50_convs(batch, image=224):
+    """Every distinct convolution of ResNet-50: {name: (N, H, W, C, K, R, stride, padding)}, named
+    after the first layer with the shape (and how many layers share it)."""
+    return _distinct(resnet50_layers(batch, image))
+
+
+def resnet50_batch_norms(batch, image=224):
+    """Every distinct batch-norm input of ResNet-50 (each convolution's output): {name: NHWC shape}."""
+    shapes = []
+    for name, (n, h, w, c, k, r, stride, padding) in resnet50_layers(batch, image):
+        side = (h + 2 * padding - r) // stride + 1
+        bn_name = name.split(" ")[0].replace("conv", "bn").replace("downsample", "downsample.1")
+        shapes.append((bn_name, (n, side, side, k)))
+    return _distinct(shapes)
+
+
+def _distinct(layers):
+    first, count = {}, {}
+    for name, shape in layers:
+        first.setdefault(shape, name)
+        count[shape] = count.get(shape, 0) + 1
+    return {(f"{first[s]} (x{count[s]})" if count[s] > 1 else first[s]): s for s in first}
+
+
+# ---- measurement -------------------------------------------------------------------------------
+
+class Timer:
+    """Median GPU time (ms) of a callable, L2 flushed before every run."""
+
+    def __init__(self, cupy, runs, warmup):
+        self.cupy, self.runs, self.warmup = cupy, runs, warmup
+        l2 = cupy.cuda.Device().attributes.get("L2CacheSize", 64 << 20)
+        self.flush_buffer = cupy.empty(max(2 * l2, 64 << 20) // 4, dtype=numpy.float32)
+
+    def __call__(self, function, torch=None):
+        """`torch`: time with PyTorch's events (its work runs on its own current stream)."""
+        for _ in range(self.warmup):
+            function()
+        times = []
+        for _ in range(self.runs):
+            self.flush_buffer.fill(0)
+            if torch is not None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            else:
+                start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
+            start.record()
+            function()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) if torch is not None else self.cupy.cuda.get_elapsed_time(start, end))
+        return statistics.median(times)
+
+
+def copy_bandwidth(cupy, timer):
+    """Measured device-to-device copy bandwidth (GB/s): 2 bytes moved per byte copied."""
+    source = cupy.ones(256 << 20, dtype=numpy.float32)
+    target = cupy.empty_like(source)
+    milliseconds = timer(lambda: cupy.copyto(target, source))
+    return 2 * source.nbytes / milliseconds / 1e6
+
+
+def peak_tflops(cupy, precision):
+    """Peak dense TFLOP/s at the maximum clock, or None for a device not in the table."""
+    device = cupy.cuda.Device()
+    capability = device.compute_capability  # e.g. "90"
+    per_clock = PEAK_FLOP_PER_CLOCK.get((int(capability[:-1]), int(capability[-1])))
+    clock_khz = device.attributes.get("ClockRate")
+    if not per_clock or not clock_khz:
+        return None
+    return device.attributes["MultiProcessorCount"] * per_clock[precision] * clock_khz * 1e3 / 1e12
+
+
+# ---- the operations, ours and PyTorch's --------------------------------------------------------
+
+def _torch_conv(torch, mode, shape, pass_):
+    """The pass through cuDNN (channels_last) as a closure, and its input tensors (NCHW, KCRS)."""
+    n, h, w, c, k, r, stride, padding = shape
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    x = torch.randn(n, c, h, w, device=DEVICE, dtype=dtype).to(memory_format=torch.channels_last)
+    wt = torch.randn(k, c, r, r, device=DEVICE, dtype=dtype).to(memory_format=torch.channels_last)
+    gy = torch.nn.functional.conv2d(x, wt, stride=stride, padding=padding).contiguous(
+        memory_format=torch.channels_last)
+    if pass_ == "fwd":
+        return (x, wt, gy), lambda: torch.nn.functional.conv2d(x, wt, stride=stride, padding=padding)
+    mask = [pass_ == "dgrad", pass_ == "wgrad", False]
+    args = (gy, x, wt, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1, mask)
+    return (x, wt, gy), lambda: torch.ops.aten.convolution_backward(*args)[0 if pass_ == "dgrad" else 1]
+
+
+def _to_cupy(cupy, torch, tensor):
+    """A torch CUDA tensor as a contiguous channels-last CuPy array (bf16 as uint16 bits)."""
+    if tensor.dim() == 4:
+        tensor = tensor.permute(0, 2, 3, 1)  # NCHW -> NHWC, KCRS -> KRSC
+    tensor = tensor.contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return cupy.asarray(tensor.view(torch.int16)).view(cupy.uint16)
+    return cupy.asarray(tensor)
+
+
+def _agreement(cupy, torch, ours, theirs):
+    """max |ours − theirs| / max |theirs| (theirs a torch tensor in its own layout)."""
+    theirs = _to_cupy(cupy, torch, theirs.float())
+    if ours.dtype == numpy.uint16:
+        ours = (ours.astype(cupy.uint32) << 16).view(cupy.float32)
+    return float(cupy.abs(ours - theirs).max() / cupy.maximum(cupy.abs(theirs).max(), 1e-30))
+
+
+def _measure(rows, row, timer, torch, setup):
+    """setup() -> (ours, theirs or None, validate or None): validate, time ours and theirs, add
+    the row. An exception anywhere becomes the row's error and the benchmark goes on."""
+    try:
+        ours, theirs, validate = setup()
+        if validate is not None:
+            row["max_error_vs_torch"] = validate()
+        row["ms"] = timer(ours)
+        if theirs is not None:
+            row["torch_ms"] = timer(theirs, torch)
+        if "flop" in row:
+            row["tflops"] = row["flop"] / row["ms"] / 1e9
+        if "bytes" in row:
+            row["gbps"] = row["bytes"] / row["ms"] / 1e6
+    except Exception as error:  # noqa: BLE001 - one operation failing must not end the benchmark
+        row["error"] = f"{type(error).__name__}: {error}"
+    rows.append(row)
+
+
+def bench_convs(gpu, cupy, torch, timer, modes, batch, rows):
+    for name, shape in resnet50_convs(batch).items():
+        n, h, w, c, k, r, stride, padding = shape
+        p = (h + 2 * padding - r) // stride + 1
+        for mode in modes:
+            gpu.allow_tf32 = mode != "fp32"
+            try:
+                tile = gpu.conv_tile(numpy.uint16 if mode == "bf16" else numpy.float32, c, k).name
+            except ValueError as error:  # bf16 needs channel counts that are multiples of 8
+                rows.append({"op": "conv", "layer": name, "mode": mode, "skipped": str(error)})
+                continue
+            for pass_ in ("fwd", "dgrad", "wgrad"):
+                if pass_ == "dgrad" and name.startswith("conv1"):
+                    continue  # the image needs no gradient
+
+                def setup(pass_=pass_, shape=shape, mode=mode):
+                    tensors, theirs = _torch_conv(torch, mode, shape, pass_)
+                    x, wt, gy = (_to_cupy(cupy, torch, t) for t in tensors)
+                    ours = {"fwd": lambda: gpu.conv_forward(x, wt, stride, padding),
+                            "dgrad": lambda: gpu.conv_grad_input(gy, wt, x.shape, stride, padding),
+                            "wgrad": lambda: gpu.conv_grad_weight(x, gy, wt.shape, stride, padding)}[pass_]
+                    return ours, theirs, lambda: _agreement(cupy, torch, ours(), theirs())
+                row = {"op": f"conv {pass_}", "layer": name, "mode": mode, "tile": tile,
+                       "flop": 2.0 * n * p * p * k * r * r * c}
+                _measure(rows, row, timer, torch, setup)
+    gpu.allow_tf32 = True
+
+
+def _batch_norm_case(gpu, cupy, torch, shape, dtype):
+    """{"fwd" | "bwd": (ours, theirs, validate)} for one BN shape, on the same random inputs."""
+    n, h, w, channels = shape
+    tx = torch.randn(n, channels, h, w, device=DEVICE, dtype=dtype).to(memory_format=torch.channels_last)
+    gamma, beta = torch.rand(channels, device=DEVICE) + 0.5, torch.randn(channels, device=DEVICE)
+    mean, var = torch.zeros(channels, device=DEVICE), torch.ones(channels, device=DEVICE)
+    x = _to_cupy(cupy, torch, tx)
+    g, b, rm, rv = (cupy.asarray(t.clone()) for t in (gamma, beta, mean, var))
+    y, saved = gpu.batch_norm_forward(x, g, b, rm, rv, True, 0.1, 1e-5)
+    ty, save_mean, save_invstd = torch.ops.aten.native_batch_norm(tx, gamma, beta, mean.clone(), var.clone(),
+                                                                  True, 0.1, 1e-5)
+    return {"fwd": (lambda: gpu.batch_norm_forward(x, g, b, rm, rv, True, 0.1, 1e-5),
+                    lambda: torch.ops.aten.native_batch_norm(tx, gamma, beta, mean, var, True, 0.1, 1e-5),
+                    lambda: _agreement(cupy, torch, y, ty)),
+            "bwd": (lambda: gpu.batch_norm_backward(y, x, saved, True),
+                    lambda: torch.ops.aten.native_batch_norm_backward(ty, tx, gamma, mean, var, save_mean,
+                                                                      save_invstd, True, 1e-5, [True] * 3),
+                    None)}
+
+
+def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows):
+    """BN training forward (statistics, normalize) and backward; fp32 data unless bf16."""
+    for name, shape in resnet50_batch_norms(batch).items():
+        for mode in sorted({"bf16" if m == "bf16" else "fp32" for m in modes}):
+            itemsize, dtype = (2, torch.bfloat16) if mode == "bf16" else (4, torch.float32)
+            case = {}
+
+            def setup(op, shape=shape, dtype=dtype, case=case):  # the first call makes the inputs
+                if not case:
+                    case.update(_batch_norm_case(gpu, cupy, torch, shape, dtype))
+                return case[op]
+            size = math.prod(shape) * itemsize
+            _measure(rows, {"op": "bn fwd", "layer": name, "mode": mode, "bytes": 3 * size},  # x twice, y once
+                     timer, torch, lambda: setup("fwd"))
+            _measure(rows, {"op": "bn bwd", "layer": name, "mode": mode, "bytes": 5 * size},  # dy, x twice; dx
+                     timer, torch, lambda: setup("bwd"))
+
+
+def bench_sgd(gpu, cupy, torch, timer, rows):
+    n = -(-PARAMETERS_RESNET50 // 1024) * 1024
+    rng = cupy.random.default_rng(0)
+    w, g, u = (rng.standard_normal(n, dtype=cupy.float32) for _ in range(3))
+    decay = cupy.full(n, 1e-4, dtype=cupy.float32)
+    theirs = None
+    if torch is not None:
+        tw = torch.nn.Parameter(torch.randn(n, device=DEVICE))
+        tw.grad = torch.randn(n, device=DEVICE)
+        try:
+            optimizer = torch.optim.SGD([tw], lr=0.1, momentum=0.9, weight_decay=1e-4, fused=True)
+        except (TypeError, RuntimeError):  # a PyTorch without fused SGD
+            optimizer = torch.optim.SGD([tw], lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=True)
+        optimizer.step()  # creates the momentum buffer
+        theirs = optimizer.step
+    row = {"op": "sgd", "layer": f"{n} parameters", "mode": "fp32", "bytes": 6 * 4 * n}  # w g u λ read, w u written
+    _measure(rows, row, timer, torch,
+             lambda: (lambda: gpu.sgd_momentum_update(w, g, u, 0.1, 0.9, 1.0, decay, False), theirs, None))
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+def summarize(rows, ceilings):
+    """Ratios (torch time / our time: > 1 is faster than PyTorch) and the target summaries."""
+    for row in rows:
+        if "torch_ms" in row and row.get("ms"):
+            row["vs_torch"] = row["torch_ms"] / row["ms"]
+        if "tflops" in row and ceilings.get(row["mode"]):
+            row["of_peak"] = row["tflops"] / ceilings[row["mode"]]
+        if "gbps" in row and ceilings.get("copy_gbps"):
+            row["of_copy_bandwidth"] = row["gbps"] / ceilings["copy_gbps"]
+    summary = {}
+    for key in sorted({(r["op"], r["mode"]) for r in rows if "vs_torch" in r}):
+        ratios = [r["vs_torch"] for r in rows if (r["op"], r["mode"]) == key and "vs_torch" in r]
+        summary[f"{key[0]} {key[1]} geomean vs torch"] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    conv = [r["vs_torch"] for r in rows if r["op"].startswith("conv") and "vs_torch" in r and r["mode"] != "fp32"]
+    if conv:
+        summary["conv geomean vs cuDNN (target >= 0.5)"] = math.exp(sum(map(math.log, conv)) / len(conv))
+    for op, target in (("bn", 0.7), ("sgd", 0.8)):
+        shares = [r["of_copy_bandwidth"] for r in rows if r["op"].startswith(op) and "of_copy_bandwidth" in r]
+        if shares:
+            summary[f"{op} median share of copy bandwidth (target >= {target})"] = statistics.median(shares)
+    return summary
+
+
+def format_table(rows, ceilings, summary):
+    lines = ["device ceilings: " + ", ".join(f"{k} {v:.0f}" for k, v in ceilings.items() if v),
+             f"{'op':10} {'layer':34} {'mode':5} {'ms':>8} {'rate':>13} {'of ceil':>8} {'torch ms':>9} "
+             f"{'vs torch':>8} {'err':>8}"]
+    for r in rows:
+        if "skipped" in r or "error" in r:
+            lines.append(f"{r['op']:10} {r['layer'][:34]:34} {r['mode']:5} {r.get('skipped') or r['error']}")
+            continue
+        rate = f"{r['tflops']:.1f} TFLOP/s" if "tflops" in r else f"{r['gbps']:.0f} GB/s"
+        share = r.get("of_peak", r.get("of_copy_bandwidth"))
+        lines.append(f"{r['op']:10} {r['layer'][:34]:34} {r['mode']:5} {r['ms']:8.3f} {rate:>13} "
+                     f"{'' if share is None else f'{share:.0%}':>8} {r.get('torch_ms', float('nan')):9.3f} "
+                     f"{r.get('vs_torch', float('nan')):8.2f} {r.get('max_error_vs_torch', float('nan')):8.1e}")
+    lines += [f"{k}: {v:.2f}" for k, v in summary.items()]
+    return "\n".join(lines)
+
+
+def write_json(path, obj):
+    """Atomically: a run killed mid-write leaves the previous complete file."""
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as f:
+        json.dump(obj, f)
+    os.replace(temporary, path)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m minidl.bench kernels", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--runs", type=int, default=20, help="timed runs per operation (the median is reported)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--modes", default="tf32,bf16", help="comma-separated: tf32 (fp32 data), bf16, fp32 (exact)")
+    p.add_argument("--only", default="conv,bn,sgd", help="comma-separated: conv, bn, sgd")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="print one JSON object instead of a table; with FILE, write it there after every "
+                        "operation (a run cut short keeps what it measured)")
+    args = p.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    if args.runs < 1 or set(args.modes) - {"tf32", "bf16", "fp32"}:
+        raise UserError("--runs must be >= 1 and --modes a list of tf32, bf16, fp32")
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    from minidl import backend, kernels
+    if not backend.on_gpu:
+        raise UserError("the kernel benchmark needs a CUDA GPU and CuPy (none usable here); "
+                        "run it on a GPU machine")
+    import cupy
+    try:
+        import torch
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = None
+    gpu = kernels.device()
+    timer = Timer(cupy, args.runs, args.warmup)
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    report = {"device": name.decode() if isinstance(name, bytes) else name, "batch_size": args.batch_size,
+              "runs": args.runs, "warmup": args.warmup, "ceilings": {}, "summary": {}, "rows": []}
+    rows, ceilings = report["rows"], report["ceilings"]
+    ceilings["copy_gbps"] = copy_bandwidth(cupy, timer)
+    ceilings.update({mode: peak_tflops(cupy, mode) for mode in ("fp32", "tf32", "bf16")})
+
+    class Progress(list):  # rows that rewrite the report file as they arrive
+        def append(self, row):
+            super().append(row)
+            if args.json not in (None, "-"):
+                report["rows"], report["summary"] = list(self), summarize(list(self), ceilings)
+                write_json(args.json, report)
+
+    rows = Progress()
+    only = set(args.only.split(","))
+    if torch is None and only & {"conv", "bn"}:
+        print("PyTorch is not importable: convolutions and batch norm need it for their inputs and "
+              "validation; only SGD is measured", file=sys.stderr)
+    if torch is not None and "conv" in only:
+        bench_convs(gpu, cupy, torch, timer, args.modes, args.batch_size, rows)
+    if torch is not None and "bn" in only:
+        bench_batch_norms(gpu, cupy, torch, timer, args.modes, args.batch_size, rows)
+    if "sgd" in only:
+        bench_sgd(gpu, cupy, torch, timer, rows)
+    report["rows"], report["summary"] = list(rows), summarize(list(rows), ceilings)
+    if args.json == "-":
+        print(json.dumps(report))
+        return 0
+    if args.json is not None:
+        write_json(args.json, report)
+    print(format_table(report["rows"], ceilings, report["summary"]))
+    return 0

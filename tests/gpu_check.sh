@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The prepared GPU check (DESIGN.md §7): on one GPU, in under 8 minutes, offline, with the
+# project NOT installed (PYTHONPATH = the repository), run every GPU test and the kernel and
+# step benchmarks, and write OUTDIR/report.json.
+#
+#     bash tests/gpu_check.sh OUTDIR
+#
+# Needs: python3 with NumPy, CuPy (cupy-cuda13x), PyTorch; nvcc for the resource report. No
+# pytest: the GPU tests run through tests/kernels/gpu_cases.py, the cases `pytest -m gpu` runs.
+#
+# Parts, each with its own time limit, log (OUTDIR/<part>.log) and result file; a part that
+# fails or runs out of time is recorded as such and the next one still runs:
+#   env            10 s   versions, device                              env.json
+#   nvcc           45 s   sm_90 compile, registers/spills per kernel    nvcc.json
+#   gpu_tests     250 s   153 cases; stops starting new ones at 215 s   gpu_tests.json
+#   bench_kernels 110 s   python -m minidl.bench kernels (incremental)  bench_kernels.json
+#   bench_step     60 s   python -m minidl.bench step, ResNet-50 b32    bench_step.json
+#   report         15 s   everything above in one file                  report.json
+# Worst case (every part at its limit) 490 s; expected about 4-5 minutes on an H200 (kernel
+# compilation by NVRTC, then the tests; the CPU side of the training step is the longest case).
+# Exit status 0 when every part passed.
+set -u
+OUT=${1:?usage: bash tests/gpu_check.sh OUTDIR}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+PY=${PYTHON:-python3}
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$(mktemp -d)}  # NVRTC output shared by the parts, not left in OUTDIR
+export CUPY_CACHE_DIR
+: > "$OUT/parts.jsonl"
+
+part() {  # part NAME LIMIT command...: one line of OUTDIR/parts.jsonl, the output in OUTDIR/NAME.log
+    local name=$1 limit=$2 start=$SECONDS rc timed_out=false
+    shift 2
+    echo "== $name (limit ${limit}s)"
+    timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then timed_out=true; fi
+    printf '{"part": "%s", "rc": %d, "timed_out": %s, "seconds": %d, "limit": %d}\n' \
+        "$name" "$rc" "$timed_out" "$((SECONDS - start))" "$limit" >> "$OUT/parts.jsonl"
+    tail -n 3 "$OUT/$name.log"
+}
+
+part env 10 "$PY" - "$OUT/env.json" <<'EOF'
+import json, platform, subprocess, sys
+info = {"python": sys.version.split()[0], "platform": platform.platform()}
+def version(module):
+    try:
+        return __import__(module).__version__
+    except Exception as error:  # noqa: BLE001
+        return f"unavailable: {error}"
+for module in ("numpy", "cupy", "torch", "mpi4py"):
+    info[module] = version(module)
+try:
+    import cupy
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    info.update(device=props["name"].decode(), compute_capability=cupy.cuda.Device(0).compute_capability,
+                multiprocessors=props["multiProcessorCount"], memory_gib=round(props["totalGlobalMem"] / 2**30, 1),
+                cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(), driver=cupy.cuda.runtime.driverGetVersion())
+except Exception as error:  # noqa: BLE001
+    info["device"] = f"unavailable: {error}"
+try:
+    import torch
+    info["cudnn"] = torch.backends.cudnn.version()
+except Exception:  # noqa: BLE001
+    pass
+try:
+    info["nvcc"] = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+except Exception as error:  # noqa: BLE001
+    info["nvcc"] = f"unavailable: {error}"
+json.dump(info, open(sys.argv[1], "w"), indent=1)
+print(info)
+EOF
+
+part nvcc 45 "$PY" tests/kernels/nvcc_check.py --json "$OUT/nvcc.json"
+part gpu_tests 250 "$PY" tests/kernels/gpu_cases.py --json "$OUT/gpu_tests.json" --seconds 215
+part bench_kernels 110 "$PY" -m minidl.bench kernels --json "$OUT/bench_kernels.json"
+part bench_step 60 "$PY" -m minidl.bench step --device gpu --model resnet50 --batch-size 32 --image-size 224 \
+    --vs-torch --warmup 2 --iters 5 --json
+# the step benchmark prints its JSON line last
+tail -n 1 "$OUT/bench_step.log" > "$OUT/bench_step.json"
+
+part report 15 "$PY" - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    path = os.path.join(out, name)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except Exception as error:  # noqa: BLE001 - a missing or cut-off file is reported, not fatal
+        return {"unavailable": f"{type(error).__name__}: {error}"}
+parts = [json.loads(line) for line in open(os.path.join(out, "parts.jsonl")) if line.strip()]
+for p in parts:
+    if p["rc"] != 0:
+        with open(os.path.join(out, p["part"] + ".log"), errors="replace") as f:
+            p["log_tail"] = f.read()[-3000:]
+report = {"parts": parts, "passed": all(p["rc"] == 0 for p in parts),
+          "env": load("env.json"), "nvcc": load("nvcc.json"), "gpu_tests": load("gpu_tests.json"),
+          "bench_kernels": load("bench_kernels.json"), "bench_step": load("bench_step.json")}
+with open(os.path.join(out, "report.json"), "w") as f:
+    json.dump(report, f, indent=1)
+tests = report["gpu_tests"].get("counts", report["gpu_tests"])
+print("parts:", {p["part"]: p["rc"] for p in parts}, "| gpu tests:", tests)
+print("kernel bench summary:", report["bench_kernels"].get("summary", report["bench_kernels"]))
+EOF
+"$PY" -c "import json,sys; sys.exit(0 if json.load(open('$OUT/report.json'))['passed'] else 1)" 2>/dev/null

@@ -1,0 +1,28 @@
+"""Fixtures for the kernel checks: the kernel operations of minidl.kernels running on the CPU
+emulator (all kernel families compiled up front, two compilers at a time, when the cache is cold)."""
+import shutil
+
+import pytest
+
+import emulator
+from minidl import kernels
+
+EMULATED_MULTIPROCESSORS = 2  # small: grids and split-K take their multi-block paths on small shapes
+FAMILIES = ("conv", "batchnorm", "pool", "softmax_xent", "sgd")  # the slowest to compile first
+
+
+def source(family):
+    return str(kernels.SOURCE_DIR / f"{family}.cu")
+
+
+def emulated_module(family):
+    return emulator.load(source(family), kernels.KERNELS[family])
+
+
+@pytest.fixture(scope="session")
+def emulated():
+    """minidl.kernels.Kernels over the emulator: NumPy arrays in, the .cu sources run on threads."""
+    if shutil.which(emulator.CXX) is None:
+        pytest.skip(f"{emulator.CXX} not found: the CPU emulation of the kernels needs a C++20 compiler")
+    emulator.build([(source(f), kernels.KERNELS[f]) for f in FAMILIES])
+    return kernels.Kernels(emulated_module, EMULATED_MULTIPROCESSORS)

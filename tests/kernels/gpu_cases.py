@@ -1,0 +1,175 @@
+"""The GPU checks of the kernels, as plain cases: test_gpu.py runs them under pytest (marker
+`gpu`), and tests/gpu_check.sh runs them with this module's runner, which needs no pytest
+(the GPU machine may not have it), keeps going after a failure and stops at a deadline:
+
+    python tests/kernels/gpu_cases.py --json FILE [--seconds S]
+
+Every kernel is checked against the reference ops (oracle.py; float64 references computed by
+the same ops on the GPU) on every distinct ResNet-50 layer shape at batch 32, in fp32 (the
+exact path), TF32 and bf16, with oracle.TOLERANCE per mode; then one whole ResNet-50 training
+step on the GPU against the same step on the CPU, where the error grows through 53 layers:
+STEP_TOLERANCE.
+"""
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import oracle  # noqa: E402
+from minidl import backend, kernels  # noqa: E402
+from minidl.bench.kernels import PARAMETERS_RESNET50, resnet50_batch_norms, resnet50_convs  # noqa: E402
+
+BATCH = 32
+STEP_BATCH = int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16"))  # the CPU side of the step takes the time
+STEP_TOLERANCE = {"fp32": 2e-3, "tf32": 5e-2}
+FLAT_SIZE = -(-PARAMETERS_RESNET50 // 1024) * 1024  # the padded flat buffer
+
+
+def device():
+    import cupy
+    return kernels.device(), cupy
+
+
+def conv_tile(mode, channels):
+    return {"fp32": "SimtTile", "tf32": "Tf32Tile" if channels % 4 == 0 else "SimtTile", "bf16": "Bf16Tile"}[mode]
+
+
+def cases():
+    """[(id, check, args, kwargs)] in the order the runner takes them: the kernels on every shape
+    first, the whole training step (its CPU side is the longest case) last. A check is called
+    as check(kernels, cupy, *args, **kwargs)."""
+    found = []
+    for name, shape in resnet50_convs(BATCH).items():
+        for mode in ("fp32", "tf32", "bf16"):
+            if mode == "bf16" and shape[3] % 8:
+                continue  # the 3-channel stem has no bf16 tile: it stays fp32
+            found.append((f"conv {name} {mode}", oracle.check_conv, (mode, *shape),
+                          {"tile": conv_tile(mode, shape[3])}))
+    for name, shape in resnet50_batch_norms(BATCH).items():
+        for mode in ("fp32", "bf16"):
+            for fused in (None, "relu", "add_relu"):
+                found.append((f"batchnorm {name} {mode} {fused or 'plain'}", oracle.check_batch_norm, (mode, shape),
+                              {"fused": fused}))
+    bn1, last = resnet50_batch_norms(BATCH)["bn1"], (BATCH, 7, 7, 2048)
+    found += [("batchnorm eval bn1 add_relu", oracle.check_batch_norm, ("fp32", bn1, False, "add_relu"), {}),
+              ("batchnorm eval layer4 add_relu", oracle.check_batch_norm, ("fp32", last, False, "add_relu"), {}),
+              ("batchnorm bn1 mean 1000 x std", oracle.check_batch_norm, ("fp32", bn1), {"offset": 1000.0})]
+    for levels in (None, 4):  # 4 levels: ties in most windows, as after a ReLU
+        found.append((f"max pool stem levels={levels}", oracle.check_max_pool, ((BATCH, 112, 112, 64), 3, 2, 1),
+                      {"levels": levels}))
+    found.append(("global avg pool 7x7x2048", oracle.check_global_avg_pool, (last,), {}))
+    for smoothing in (0.0, 0.1):
+        found.append((f"softmax xent 32x1000 smoothing={smoothing}", oracle.check_softmax_xent,
+                      (BATCH, 1000, smoothing), {}))
+    for nesterov, decay, offset in ((False, True, 0), (True, False, 0), (True, True, 1)):
+        found.append((f"sgd {FLAT_SIZE} nesterov={nesterov} decay={decay} offset={offset}", oracle.check_sgd,
+                      (FLAT_SIZE, nesterov, decay), {"steps": 2, "offset": offset}))
+    for mode in ("fp32", "tf32"):
+        found.append((f"resnet50 training step batch {STEP_BATCH} {mode} vs cpu", check_resnet50_step, (mode,), {}))
+    return found
+
+
+# ---- a whole training step ---------------------------------------------------------------------
+
+def to_host(model):
+    """The model's parameters and buffers as NumPy arrays (the CPU reference path)."""
+    for _, module in model.named_modules():
+        for parameter in module._parameters.values():
+            parameter.data = backend.to_numpy(parameter.data)
+        for name in list(module._buffers):
+            module.register_buffer(name, backend.to_numpy(getattr(module, name)))
+    return model
+
+
+def resnet50_step(on_gpu, seed=0):
+    """(loss, flat grad, flat params after the step, BN running stats) of one SGD step, as NumPy."""
+    from minidl import Tensor, models, nn, ops
+    from minidl.optim import SGD
+    nn.manual_seed(seed)
+    model = models.resnet50(num_classes=1000)
+    if not on_gpu:
+        to_host(model)
+    optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, norm_weight_decay=0.0)
+    rng = numpy.random.default_rng(seed)
+    images = rng.standard_normal((STEP_BATCH, 224, 224, 3)).astype(numpy.float32)
+    labels = rng.integers(0, 1000, STEP_BATCH)
+    xp = backend.xp if on_gpu else numpy
+    loss = ops.softmax_cross_entropy(model(Tensor(xp.asarray(images))), xp.asarray(labels), label_smoothing=0.1)
+    optimizer.zero_grad()
+    loss.backward()
+    grad = backend.to_numpy(optimizer.flat.grad).copy()
+    optimizer.step()
+    buffers = numpy.concatenate([backend.to_numpy(b).reshape(-1) for _, b in model.named_buffers()])
+    return float(loss.data), grad, backend.to_numpy(optimizer.flat.data).copy(), buffers
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_step():
+    return resnet50_step(on_gpu=False)
+
+
+def check_resnet50_step(gpu, cupy, mode):
+    expected = cpu_step()
+    previous, gpu.allow_tf32 = gpu.allow_tf32, mode == "tf32"
+    try:
+        loss, grad, params, buffers = resnet50_step(on_gpu=True)
+    finally:
+        gpu.allow_tf32 = previous
+    tolerance = STEP_TOLERANCE[mode]
+    oracle.assert_close(loss, expected[0], tolerance, f"{mode} loss")
+    oracle.assert_close(grad, expected[1], tolerance, f"{mode} flat gradient")
+    oracle.assert_close(params, expected[2], tolerance, f"{mode} parameters after the step")
+    oracle.assert_close(buffers, expected[3], tolerance, f"{mode} BN running statistics")
+
+
+# ---- the runner ----------------------------------------------------------------------------------
+
+def run(seconds):
+    """Every case, each in its own try; cases left when the time is up are reported as not run."""
+    deadline = time.monotonic() + seconds
+    results = []
+    for name, check, args, kwargs in cases():
+        if time.monotonic() > deadline:
+            results.append({"case": name, "status": "not run (out of time)"})
+            continue
+        started = time.monotonic()
+        try:
+            check(*device(), *args, **kwargs)
+            status, detail = "passed", ""
+        except AssertionError as error:
+            status, detail = "failed", str(error)
+        except Exception:  # noqa: BLE001 - a crash in one case must not lose the others
+            status, detail = "error", traceback.format_exc(limit=6)
+        results.append({"case": name, "status": status, "seconds": round(time.monotonic() - started, 3),
+                        "detail": detail})
+        print(f"{status:7} {results[-1]['seconds']:7.2f}s  {name}" + (f"\n{detail}" if detail else ""), flush=True)
+    return results
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", required=True, help="where the results go")
+    parser.add_argument("--seconds", type=float, default=240, help="stop starting new cases after this long")
+    args = parser.parse_args(argv)
+    if not backend.on_gpu:
+        print("gpu_cases: CuPy sees no usable GPU", file=sys.stderr)
+        return 2
+    results = run(args.seconds)
+    counts = {s: sum(r["status"] == s for r in results) for s in sorted({r["status"] for r in results})}
+    Path(args.json).write_text(json.dumps({"counts": counts, "tolerances": oracle.TOLERANCE,
+                                           "step_tolerances": STEP_TOLERANCE, "results": results}, indent=1))
+    print(counts)
+    return 0 if set(counts) <= {"passed"} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

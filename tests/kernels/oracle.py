@@ -1,0 +1,213 @@
+"""Checks of each kernel operation against minidl's reference ops, shared by the CPU-emulation
+tests (small and odd shapes, NumPy) and the GPU tests (ResNet-50 shapes, CuPy).
+
+The oracle is always the reference path of minidl.ops in float64, on the values the kernel
+actually received: the bf16-rounded values for bf16, the fp32 values otherwise (the TF32
+rounding inside the tensor cores is part of the error being bounded). A check compares the
+largest error with the largest reference magnitude:
+
+    max |kernel − reference| / max |reference|  <=  TOLERANCE[mode]
+
+fp32    exact fp32 arithmetic, only the summation order differs: 1e-4 covers fp32 accumulation
+        over the longest reduction (about 6e-8·√(401k pixels) ≈ 4e-5 for the stem's grad-weight)
+tf32    operands rounded to 10 mantissa bits (relative 2^-11 each): errors of about 2^-11/3
+        ≈ 2e-4 are typical, 5e-3 leaves a margin of 20 and is far below what a wrong index gives
+bf16    operands exact in bf16 (the reference sees the same values), products exact in fp32, the
+        output rounded to 8 mantissa bits (2^-9 ≈ 2e-3 of the largest value): 1.5e-2
+SGD     bit-exact: the kernel performs NumPy's float32 operations in NumPy's order
+
+Arrays are created on the host and copied with `xp.array` (a copy on NumPy too), so the
+emulation and the GPU see the same numbers for the same seed and never share memory with the
+reference.
+"""
+import numpy
+
+from minidl import Tensor, ops
+from minidl.backend import to_numpy
+from minidl.ops import conv as conv_ref
+from minidl.ops.loss import SoftmaxCrossEntropy
+from minidl.ops.norm import BatchNorm
+from minidl.ops.pool import GlobalAvgPool, MaxPool2d
+from minidl.ops.sgd import sgd_momentum_update
+
+TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 1.5e-2}
+
+
+def to_bf16(values):
+    """float32 -> bfloat16 bits (uint16), rounding to nearest even like __float2bfloat16."""
+    bits = numpy.ascontiguousarray(values, dtype=numpy.float32).view(numpy.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(numpy.uint16)
+
+
+def from_bf16(bits):
+    return (numpy.asarray(bits).astype(numpy.uint32) << 16).view(numpy.float32)
+
+
+def assert_close(actual, expected, tolerance, what):
+    actual, expected = to_numpy(actual).astype(numpy.float64), to_numpy(expected).astype(numpy.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert numpy.isfinite(actual).all(), f"{what}: non-finite values"
+    scale = max(float(numpy.abs(expected).max(initial=0.0)), 1e-30)
+    error = float(numpy.abs(actual - expected).max(initial=0.0)) / scale
+    assert error <= tolerance, f"{what}: max error {error:.2e} of the largest value, tolerance {tolerance:.0e}"
+    return error
+
+
+class Inputs:
+    """Random host data in one mode: `.kernel(a)` is what the kernel gets (float32 or bf16
+    bits on xp), `.reference(a)` the same values in float64 on xp, `.result(a)` a kernel
+    output as float64."""
+
+    def __init__(self, xp, mode, seed):
+        self.xp, self.mode, self.rng = xp, mode, numpy.random.default_rng(seed)
+
+    def normal(self, shape, scale=1.0, offset=0.0):
+        values = (offset + scale * self.rng.standard_normal(shape)).astype(numpy.float32)
+        return to_bf16(values) if self.mode == "bf16" else values
+
+    def kernel(self, host):
+        return self.xp.array(host)  # a copy, also on NumPy: the host array stays the reference's
+
+    def reference(self, host):
+        values = from_bf16(host) if host.dtype == numpy.uint16 else host
+        return self.xp.asarray(values.astype(numpy.float64))
+
+    def result(self, array):
+        host = to_numpy(array)
+        return from_bf16(host) if host.dtype == numpy.uint16 else host
+
+
+# ---- convolution ------------------------------------------------------------------------------
+
+def check_conv(gpu, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, tile=None):
+    """Forward, grad-input and grad-weight of one convolution; `tile` asserts which conv.cu tile ran."""
+    data = Inputs(xp, mode, seed)
+    x, wt = data.normal((n, h, w, c)), data.normal((k, r, r, c), scale=(r * r * c) ** -0.5)
+    previous, gpu.allow_tf32 = gpu.allow_tf32, mode == "tf32"
+    try:
+        if tile is not None:
+            assert gpu.conv_tile(x.dtype, c, k).name == tile
+        y = gpu.conv_forward(data.kernel(x), data.kernel(wt), stride, padding)
+        x64, w64 = data.reference(x), data.reference(wt)
+        expected_y = conv_ref.correlate(x64, w64, stride, padding)
+        assert_close(data.result(y), expected_y, TOLERANCE[mode], f"conv forward {mode}")
+        gy = data.normal(expected_y.shape)
+        gy64 = data.reference(gy)
+        gx = gpu.conv_grad_input(data.kernel(gy), data.kernel(wt), x.shape, stride, padding)
+        assert_close(data.result(gx), conv_ref.grad_input(gy64, w64, x.shape, stride, padding), TOLERANCE[mode],
+                     f"conv grad-input {mode}")
+        gw = gpu.conv_grad_weight(data.kernel(x), data.kernel(gy), wt.shape, stride, padding)
+        assert gw.dtype == numpy.float32
+        # fp32 accumulation: the bf16 tolerance is set by the output rounding, which wgrad does not have
+        assert_close(gw, conv_ref.grad_weight(x64, gy64, w64, stride, padding), TOLERANCE[mode],
+                     f"conv grad-weight {mode}")
+    finally:
+        gpu.allow_tf32 = previous
+
+
+# ---- batch norm -------------------------------------------------------------------------------
+
+def check_batch_norm(gpu, xp, mode, shape, training=True, fused=None, seed=0, offset=0.0):
+    """BN forward (and running statistics) and backward, plain or fused: fused = "relu" or
+    "add_relu". The reference is BatchNorm + relu (+ add) in float64 through autograd; for the
+    backward the kernel's own output decides the ReLU mask (y > 0), so a value that is zero in
+    one precision and not the other cannot make the check flaky."""
+    data = Inputs(xp, mode, seed)
+    channels = shape[-1]
+    x = data.normal(shape, offset=offset)
+    gamma = data.rng.uniform(0.5, 1.5, channels).astype(numpy.float32)
+    beta = data.rng.uniform(-0.5, 0.5, channels).astype(numpy.float32)
+    running = [data.rng.uniform(-0.2, 0.2, channels).astype(numpy.float32),
+               data.rng.uniform(0.5, 2.0, channels).astype(numpy.float32)]
+    residual = data.normal(shape) if fused == "add_relu" else None
+    tol = TOLERANCE["bf16" if mode == "bf16" else "fp32"]
+
+    kernel_running = [xp.array(a) for a in running]
+    y, saved = gpu.batch_norm_forward(data.kernel(x), xp.asarray(gamma), xp.asarray(beta), *kernel_running,
+                                      training, 0.1, 1e-5, None if residual is None else data.kernel(residual),
+                                      relu=fused is not None)
+    ref_running = [xp.asarray(a.astype(numpy.float64)) for a in running]
+    function = BatchNorm(*ref_running, training, 0.1, 1e-5)
+    ref_x = Tensor(data.reference(x), requires_grad=True)
+    ref_gamma, ref_beta = (Tensor(xp.asarray(a.astype(numpy.float64)), requires_grad=True) for a in (gamma, beta))
+    ref_y = function(ref_x, ref_gamma, ref_beta)
+    if residual is not None:
+        ref_residual = Tensor(data.reference(residual), requires_grad=True)
+        ref_y = ref_y + ref_residual
+    if fused is not None:
+        ref_y = ops.relu(ref_y)
+    assert_close(data.result(y), ref_y.data, tol, f"batch norm forward {mode} {fused or ''}")
+    for name, ours, theirs in zip(("running mean", "running var"), kernel_running, ref_running):
+        assert_close(ours, theirs, TOLERANCE["fp32"], f"batch norm {name}")
+
+    gy = data.normal(shape)
+    gx, ggamma, gbeta, gresidual = gpu.batch_norm_backward(data.kernel(gy), data.kernel(x), saved, training,
+                                                           y=y if fused else None,
+                                                           residual_grad=residual is not None)
+    mask = data.result(y) > 0 if fused else numpy.ones(shape, dtype=bool)
+    gradient = data.reference(gy) * xp.asarray(mask)
+    bn_out = function(ref_x, ref_gamma, ref_beta)  # a fresh graph: the BN alone, fed the masked gradient
+    bn_out.backward(gradient)
+    assert_close(data.result(gx), ref_x.grad.data, tol, f"batch norm grad-input {mode} {fused or ''}")
+    assert_close(ggamma, ref_gamma.grad.data, tol, f"batch norm grad-gamma {mode}")
+    assert_close(gbeta, ref_beta.grad.data, tol, f"batch norm grad-beta {mode}")
+    if residual is not None:
+        assert_close(data.result(gresidual), gradient, tol, "batch norm grad-residual")
+
+
+# ---- pooling, loss, SGD -----------------------------------------------------------------------
+
+def check_max_pool(gpu, xp, shape, kernel, stride, padding, seed=0, levels=None):
+    """`levels`: draw from that many distinct values, so that windows hold ties (zeros after a
+    ReLU do): the gradient must go to the first maximum in (r, s) order, as in the reference."""
+    rng = numpy.random.default_rng(seed)
+    x = (rng.integers(0, levels, shape) if levels else rng.standard_normal(shape)).astype(numpy.float32)
+    y, argmax = gpu.max_pool_forward(xp.asarray(x), kernel, stride, padding)
+    function = MaxPool2d(kernel, stride, padding)
+    ref_y = function.forward(x)
+    assert (to_numpy(y) == ref_y).all(), "max pool forward differs"
+    gy = rng.standard_normal(ref_y.shape).astype(numpy.float32)
+    gx = gpu.max_pool_backward(xp.asarray(gy), argmax, x.shape, kernel, stride, padding)
+    assert_close(gx, function.backward(gy.astype(numpy.float64)), TOLERANCE["fp32"], "max pool backward")
+
+
+def check_global_avg_pool(gpu, xp, shape, seed=0):
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(numpy.float32)
+    function = GlobalAvgPool()
+    assert_close(gpu.global_avg_pool_forward(xp.asarray(x)), function.forward(x.astype(numpy.float64)),
+                 TOLERANCE["fp32"], "global average pool forward")
+    gy = rng.standard_normal((shape[0], shape[-1])).astype(numpy.float32)
+    gx = gpu.global_avg_pool_backward(xp.asarray(gy), shape)
+    assert (to_numpy(gx) == function.backward(gy)).all(), "global average pool backward differs"
+
+
+def check_softmax_xent(gpu, xp, n, classes, smoothing, seed=0, scale=1.0):
+    rng = numpy.random.default_rng(seed)
+    logits = (scale * rng.standard_normal((n, classes))).astype(numpy.float32)
+    labels = rng.integers(0, classes, n)
+    loss, grad = gpu.softmax_cross_entropy(xp.asarray(logits), xp.asarray(labels), smoothing)
+    function = SoftmaxCrossEntropy(labels, smoothing)
+    ref_loss = function.forward(logits.astype(numpy.float64))
+    assert_close(loss, ref_loss, TOLERANCE["fp32"], "softmax cross-entropy loss")
+    assert_close(grad, function.backward(numpy.float64(1.0)), TOLERANCE["fp32"], "softmax cross-entropy gradient")
+
+
+def check_sgd(gpu, xp, n, nesterov, decay, steps=3, seed=0, offset=0):
+    """Several steps of the kernel against sgd_momentum_update on the host: bit for bit.
+    `offset` elements into a larger buffer: a view that is not 16-byte aligned."""
+    rng = numpy.random.default_rng(seed)
+    w, u = (rng.standard_normal(n + offset).astype(numpy.float32) for _ in range(2))
+    rates = (rng.integers(0, 2, n + offset) * 1e-4).astype(numpy.float32) if decay else None
+    on_device = [xp.array(a) if a is not None else None for a in (w, u, rates)]
+    views = [a[offset:] if a is not None else None for a in on_device]
+    w, u, rates = (a[offset:] if a is not None else None for a in (w, u, rates))
+    for step in range(steps):
+        g = rng.standard_normal(n).astype(numpy.float32)
+        lr = 0.1 * (step + 1)
+        gpu.sgd_momentum_update(views[0], xp.asarray(g), views[1], lr, 0.9, 0.25, views[2], nesterov)
+        sgd_momentum_update(w, g, u, numpy.empty_like(w), lr, 0.9, 0.25, rates, nesterov)
+        assert numpy.array_equal(to_numpy(views[0]), w), f"SGD step {step}: weights differ"
+        assert numpy.array_equal(to_numpy(views[1]), u), f"SGD step {step}: momentum differs"
+

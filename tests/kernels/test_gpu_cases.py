@@ -1,0 +1,19 @@
+"""The GPU case list (gpu_cases.py) is sound on any machine: unique names, every ResNet-50 conv
+and BN shape in each mode, and each case's arguments bind to its check's signature, so a run
+on a lent GPU cannot die on a TypeError."""
+import inspect
+
+import gpu_cases
+from minidl.bench.kernels import resnet50_batch_norms, resnet50_convs
+
+
+def test_cases_bind_and_cover_every_shape():
+    cases = gpu_cases.cases()
+    names = [name for name, _, _, _ in cases]
+    assert len(names) == len(set(names))
+    for name, check, args, kwargs in cases:
+        inspect.signature(check).bind("kernels", "cupy", *args, **kwargs)
+    convs, bns = resnet50_convs(32), resnet50_batch_norms(32)
+    assert sum(n.startswith("conv ") for n in names) == 3 * len(convs) - 1  # no bf16 stem
+    assert sum(n.startswith("batchnorm ") and n.endswith(("plain", "relu")) for n in names) == 6 * len(bns) + 2
+    assert names[-1].startswith("resnet50 training step")

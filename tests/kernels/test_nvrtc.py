@@ -1,0 +1,96 @@
+"""Every kernels/*.cu compiles with NVRTC, the compiler CuPy's RawModule uses on a GPU, with
+minidl.kernels' options plus the ones CuPy adds, for sm_90: no warnings, every kernel name
+expression resolves, and ptxas (asked for its report) finds no spills with these exact options.
+NVRTC needs no GPU, only its library (libnvrtc): from the CUDA toolkit, or the
+`nvidia-cuda-nvrtc` wheel; the test skips, saying so, where neither is installed."""
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+
+import pytest
+
+import nvcc_check
+from minidl.kernels import KERNELS, SOURCE_DIR, compile_options
+
+CUPY_ADDS = ("-arch=sm_90", "--device-as-default-execution-space", "-ftz=true")
+REPORT = ("--ptxas-options=-v",)
+
+
+def find_libnvrtc():
+    patterns = [os.path.join(os.environ.get("CUDA_PATH", "/usr/local/cuda"), "lib64", "libnvrtc.so*"),
+                "/usr/local/cuda/lib64/libnvrtc.so*"]
+    patterns += [os.path.join(p, "nvidia", "*", "lib", "libnvrtc.so*") for p in sys.path if p]
+    found = [f for p in patterns for f in sorted(glob.glob(p)) if "builtins" not in f and ".alt." not in f]
+    found.append(ctypes.util.find_library("nvrtc"))
+    for candidate in filter(None, found):
+        # NVRTC opens its builtins library by name: load it from the same place first
+        for builtins in sorted(glob.glob(os.path.join(os.path.dirname(candidate), "libnvrtc-builtins.so*"))):
+            if ".alt." not in builtins:
+                ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                break
+        try:
+            return ctypes.CDLL(candidate)
+        except OSError:
+            continue
+    return None
+
+
+class Nvrtc:
+    def __init__(self, lib):
+        self.lib = lib
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    def check(self, status, what):
+        if status != 0:
+            raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(status).decode()}")
+
+    def compile(self, source, name, options, expressions):
+        """(success, log, {expression: lowered name})"""
+        lib, program = self.lib, ctypes.c_void_p()
+        self.check(lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), name.encode(), 0, None, None),
+                   "nvrtcCreateProgram")
+        try:
+            for expression in expressions:
+                self.check(lib.nvrtcAddNameExpression(program, expression.encode()), "nvrtcAddNameExpression")
+            encoded = [o.encode() for o in options]
+            status = lib.nvrtcCompileProgram(program, len(encoded), (ctypes.c_char_p * len(encoded))(*encoded))
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(program, log)
+            lowered = {}
+            if status == 0:
+                for expression in expressions:
+                    mangled = ctypes.c_char_p()
+                    self.check(lib.nvrtcGetLoweredName(program, expression.encode(), ctypes.byref(mangled)),
+                               f"nvrtcGetLoweredName({expression})")
+                    lowered[expression] = mangled.value.decode()
+            return status == 0, log.value.decode(errors="replace"), lowered
+        finally:
+            lib.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    lib = find_libnvrtc()
+    if lib is None:
+        pytest.skip("libnvrtc not found (CUDA toolkit lib64, or `pip install nvidia-cuda-nvrtc`): "
+                    "the NVRTC compile check needs it, not a GPU")
+    return Nvrtc(lib)
+
+
+@pytest.mark.parametrize("family", list(KERNELS))
+def test_compiles_with_nvrtc(nvrtc, family):
+    options = compile_options() + CUPY_ADDS + REPORT
+    ok, log, lowered = nvrtc.compile((SOURCE_DIR / f"{family}.cu").read_text(), f"{family}.cu", options,
+                                     KERNELS[family])
+    assert ok, f"NVRTC failed on {family}.cu with {options}:\n{log}"
+    compiler_lines = [line for line in log.splitlines() if not line.startswith("ptxas")]
+    assert not any("warning" in line.lower() for line in compiler_lines), f"NVRTC warnings on {family}.cu:\n{log}"
+    assert set(lowered) == set(KERNELS[family]) and all(lowered.values())
+    resources = nvcc_check.parse_ptxas(log)
+    assert set(resources) == set(lowered.values()), "ptxas reported other kernels than the name expressions"
+    for mangled, r in resources.items():
+        assert r["spill_store_bytes"] == r["spill_load_bytes"] == r["stack_bytes"] == 0, f"{mangled} spills: {r}"
