@@ -39,6 +39,7 @@ def layered_default(field):
 def build_parser():
     from minidl.config import OPTIMIZERS, RECIPES, Config
     from minidl.data import TRAIN_TRANSFORMS
+    from minidl.dist import ALGORITHMS, BACKENDS
     from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS
     d = Config()
     p = OneLineErrorParser(prog="train.py", description=__doc__.split("\n\n")[0])
@@ -99,6 +100,21 @@ def build_parser():
     flag("--dataset-size", type=int, help="with --print-schedule: pretend this many training images",
          note="default: the real number")
 
+    group = p.add_argument_group("distributed (launch with mpiexec -n N python -m mpi4py train.py ...)")
+    flag("--allreduce", choices=ALGORITHMS, default=d.allreduce, help="how ranks sum their gradients")
+    flag("--torus-shape", help="XxY grid of ranks for torus2d", note="default: the squarest grid")
+    flag("--bucket-mb", type=float, default=d.bucket_mb,
+         help="gradient buckets reduced during backward (0: one, after backward)")
+    flag("--dist-backend", choices=BACKENDS, help="transport of the collectives",
+         note="default: nccl on GPUs, mpi otherwise")
+
+    group = p.add_argument_group("checkpoints")
+    flag("--resume", help="a checkpoint to continue from, or auto: the newest in --output-dir",
+         note="default: start afresh")
+    flag("--checkpoint-every", type=int, default=d.checkpoint_every,
+         help="iterations between checkpoints, besides the one at each epoch's end (0: only those)")
+    flag("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="how many regular checkpoints to keep")
+
     group = p.add_argument_group("run")
     flag("--output-dir", default=d.output_dir, help="where config.json, metrics.jsonl and summary.json go")
     flag("--cache-dir", default=d.cache_dir, help="where the embedded dataset is generated ($MINIDL_CACHE)")
@@ -124,15 +140,31 @@ def main(argv=None):
         if schedule_only:
             print_schedule(config, world_size, dataset_size)
             return 0
-        from minidl.trainer import run
-        run(config)
+        from minidl.trainer import TrainingStopped, run
+        try:
+            run(config)
+        except TrainingStopped as stopped:  # every rank agreed to stop: a clean exit everywhere
+            sys.stderr.write(f"train.py: {stopped}\n")
+            return 1
     except UserError as error:
         sys.stderr.write(f"train.py: error: {error}\n")
+        end_other_ranks(2)
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("train.py: interrupted\n")
         return 130
     return 0
+
+
+def end_other_ranks(code):
+    """A mistake found on one rank must end them all: the others may wait in a collective."""
+    from minidl.dist import launched_by_mpi
+    if launched_by_mpi():
+        from mpi4py import MPI
+        if MPI.Is_initialized() and MPI.COMM_WORLD.Get_size() > 1:
+            from minidl.dist import watcher
+            watcher.disarm()  # this rank has said why it ends
+            MPI.COMM_WORLD.Abort(code)
 
 
 if __name__ == "__main__":

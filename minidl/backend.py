@@ -55,3 +55,9 @@ def select_device(local_rank):
     """Bind this process to GPU `local_rank % device_count` (no-op on CPU); call before any allocation."""
     if on_gpu:
         xp.cuda.Device(local_rank % xp.cuda.runtime.getDeviceCount()).use()
+
+
+def synchronize():
+    """Wait until the device has finished the work queued so far (a no-op on CPU)."""
+    if on_gpu:
+        xp.cuda.Device().synchronize()

@@ -132,9 +132,9 @@ def training_state(model, optimizer):
     are the live ones, not copies; `save_checkpoint` copies them to the host."""
     arrays = {"optimizer/params": optimizer.flat.data, "optimizer/momentum": optimizer.velocity}
     arrays.update((f"buffers/{name}", array) for name, array in model.named_buffers())
-    # LARS remembers the previous step's rate to rescale its momentum when the rate changes
+    # an update with the rate inside the momentum rescales it when the rate changes
     meta = {"optimizer": type(optimizer).__name__, "parameter_count": model.num_parameters(),
-            "previous_lr": getattr(optimizer, "_previous_lr", None)}
+            "previous_lr": optimizer.previous_lr}
     return arrays, meta
 
 
@@ -153,8 +153,7 @@ def restore_training_state(path, arrays, meta, model, optimizer):
                             "resume with the same --model and dataset or start a new --output-dir")
     for name, target in targets.items():
         target[...] = get_array_module(target).asarray(arrays[name])
-    if hasattr(optimizer, "_previous_lr"):
-        optimizer._previous_lr = meta.get("previous_lr")
+    optimizer.previous_lr = meta.get("previous_lr")
 
 
 # --- the checkpoints of one output directory -------------------------------------------------

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from minidl.data import TRAIN_TRANSFORMS
+from minidl.dist import ALGORITHMS, BACKENDS, parse_shape
 from minidl.errors import UserError
 from minidl.models import MODELS
 from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS, BatchSchedule
@@ -80,6 +81,13 @@ class Config:
     val_crop_size: int | None = None
     val_resize_size: int | None = None
     augment: str | None = None
+    dist_backend: str | None = None  # None: nccl on GPUs, mpi otherwise
+    allreduce: str = "torus2d"
+    torus_shape: str | None = None  # "XxY"; None: the squarest grid
+    bucket_mb: float = 25.0
+    checkpoint_every: int = 0  # iterations between checkpoints (0: only at the end of each epoch)
+    keep_checkpoints: int = 3
+    resume: str | None = None  # a checkpoint path, or "auto": the newest in output_dir
     output_dir: str = "runs/latest"
     cache_dir: str = dataclasses.field(default_factory=default_cache_dir)
     seed: int = 0
@@ -165,6 +173,15 @@ class Config:
         if self.val_resize_size < self.val_crop_size:
             raise UserError(f"--val-resize-size {self.val_resize_size} is smaller than --val-crop-size "
                             f"{self.val_crop_size}: make it at least the crop size")
+        if self.allreduce not in ALGORITHMS:
+            raise UserError(f"unknown --allreduce {self.allreduce!r}: choose one of {', '.join(ALGORITHMS)}")
+        if self.dist_backend not in (None, *BACKENDS):
+            raise UserError(f"unknown --dist-backend {self.dist_backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.torus_shape is not None:
+            parse_shape(self.torus_shape)
+        if self.bucket_mb < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise UserError("--bucket-mb and --checkpoint-every must be >= 0 and --keep-checkpoints >= 1, got "
+                            f"{self.bucket_mb}, {self.checkpoint_every}, {self.keep_checkpoints}")
         if self.workers < 0:
             raise UserError(f"--workers must be >= 0, got {self.workers}")
 

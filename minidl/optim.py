@@ -74,6 +74,7 @@ class FlatOptimizer:
         xp = get_array_module(self.flat.data)
         self.velocity = xp.zeros_like(self.flat.data)
         self._scratch = xp.empty_like(self.flat.data)  # reused every step
+        self.previous_lr = None  # the rate of the last step, for updates with the rate inside v
 
     @staticmethod
     def is_exempt(param):
@@ -126,7 +127,6 @@ class LARS(FlatOptimizer):
         self.tensor_index = xp.asarray(index)
         self.scaled = xp.asarray([not self.is_exempt(p) for p in self.flat.params] + [False])
         self.tensor_decay = xp.asarray(self.rates + [0.0], dtype=numpy.float64)
-        self._previous_lr = None
 
     def tensor_norms(self, values):
         """‖values_l‖ for every tensor l (and the padding, last)."""
@@ -144,9 +144,9 @@ class LARS(FlatOptimizer):
     def step(self):
         xp = get_array_module(self.flat.data)
         w, v, d = self.flat.data, self.velocity, self._scratch
-        if self._previous_lr is not None and self._previous_lr != self.lr:
-            v *= self.lr / self._previous_lr
-        self._previous_lr = self.lr
+        if self.previous_lr is not None and self.previous_lr != self.lr:
+            v *= self.lr / self.previous_lr
+        self.previous_lr = self.lr
         xp.multiply(self.flat.grad, self.grad_scale, out=d)
         rate = (self.lr * self.trust_ratios(d)).astype(w.dtype)[self.tensor_index]
         if self.decay is not None:

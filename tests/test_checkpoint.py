@@ -216,7 +216,7 @@ def test_training_state_round_trip_restores_in_place(tmp_path, optimizer):
                for p, view in zip(other_opt.params, views))
     for (name, ours), (_, theirs) in zip(model.named_parameters(), other_model.named_parameters()):
         np.testing.assert_array_equal(ours.data, theirs.data, err_msg=name)
-    assert getattr(other_opt, "_previous_lr", None) == meta["previous_lr"]
+    assert other_opt.previous_lr == meta["previous_lr"]
 
 
 def test_restoring_into_another_model_or_optimizer_is_refused(tmp_path):

@@ -12,7 +12,7 @@ from minidl.trainer import run
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "lr", "images_per_sec", "seconds",
-               "global_batch"}
+               "global_batch", "train_skipped", "val_skipped"}
 
 
 @pytest.fixture(scope="module")

@@ -57,14 +57,16 @@ class DataLoader:
                         if sampler is None else sampler)
         self.prefetch = prefetch
         self.to_device = to_device
-        self.epoch = 0
+        self.epoch, self.start_batch = 0, 0
         self.skipped = 0
         self._producer = None
 
-    def set_epoch(self, epoch):
-        """Choose the epoch whose order and augmentations the next iteration produces."""
-        self.epoch = epoch
+    def set_epoch(self, epoch, start_batch=0):
+        """Choose the epoch whose order and augmentations the next iteration produces, and the
+        batch it starts from (a run resumed mid-epoch skips those before, reading none of them)."""
+        self.epoch, self.start_batch = epoch, start_batch
         self.sampler.set_epoch(epoch)
+        self.skipped = 0
 
     def __len__(self):
         if self.drop_last:
@@ -73,7 +75,7 @@ class DataLoader:
 
     def _batches(self):
         indices = self.sampler.indices()
-        return [indices[b * self.batch_size:(b + 1) * self.batch_size] for b in range(len(self))]
+        return [indices[b * self.batch_size:(b + 1) * self.batch_size] for b in range(self.start_batch, len(self))]
 
     def __iter__(self):
         self.skipped = 0

@@ -25,6 +25,7 @@ import sys
 import numpy
 
 from minidl.backend import on_gpu, select_device
+from minidl.dist import watcher
 from minidl.dist.launch import check_world_size, launched_by_mpi, load_mpi
 from minidl.dist.mpi_transport import MpiTransport
 from minidl.dist.nccl_transport import NcclTransport
@@ -172,6 +173,7 @@ class Communicator:
         """End every rank of the job now with exit status `code` (stdio flushed first)."""
         sys.stdout.flush()
         sys.stderr.flush()
+        watcher.disarm()  # ending on purpose: not a silent death
         if self.mpi is None:
             os._exit(code)
         load_mpi().COMM_WORLD.Abort(code)

@@ -4,10 +4,11 @@
 of the job when an MPI launcher started this process, else this process alone, which needs
 no MPI at all), binds the process to GPU `local_rank % device_count`, and makes an uncaught
 exception on any rank abort the whole job instead of leaving the other ranks waiting in a
-collective forever.
+collective forever, and starts the watcher that names a rank dying without a word.
 """
 import sys
 
+from minidl.dist import watcher
 from minidl.dist.comm import Communicator
 
 
@@ -17,6 +18,7 @@ def install_abort_hook(comm):
     previous = sys.excepthook
 
     def abort_job(kind, value, traceback):
+        watcher.disarm()  # this rank says itself why it ends
         sys.stderr.write(f"minidl: rank {comm.rank} of {comm.size} failed; aborting the job\n")
         previous(kind, value, traceback)
         comm.abort(1)
@@ -29,6 +31,7 @@ def init(backend="mpi", ranks_per_node=None):
     comm = Communicator(backend, ranks_per_node=ranks_per_node)
     if comm.mpi is not None:
         install_abort_hook(comm)
+        watcher.watch(comm.rank, comm.size)
     return comm
 
 
