@@ -40,6 +40,7 @@ def build_parser():
     from minidl.config import OPTIMIZERS, RECIPES, Config
     from minidl.data import TRAIN_TRANSFORMS
     from minidl.dist import ALGORITHMS, BACKENDS
+    from minidl.optim import SGD
     from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS
     d = Config()
     p = OneLineErrorParser(prog="train.py", description=__doc__.split("\n\n")[0])
@@ -63,6 +64,8 @@ def build_parser():
     flag("--val-resize-size", type=int)
     flag("-j", "--workers", type=int, default=d.workers, help="data loading processes (0: in the training process)")
     flag("--zero-init-residual", action="store_const", const=True, help="γ = 0 in the last BN of every block")
+    flag("--bn-group-size", type=int, help="BN statistics over groups of this many images per process (ghost BN)",
+         note="default: the whole micro-batch")
 
     group = p.add_argument_group("batch and recipe")
     flag("--recipe", choices=tuple(RECIPES), help="fill unset flags from a paper's recipe", note="default: none")
@@ -79,6 +82,11 @@ def build_parser():
     flag("--lr-base-batch", type=int, help="the global batch the reference rate is for")
     flag("--momentum", type=float)
     flag("--nesterov", action="store_true", default=False, help="Nesterov momentum")
+    flag("--sgd-form", choices=SGD.FORMS, help="pytorch: u ← m·u + g, w ← w − η·u; caffe2: v ← m·v + η·g, "
+         "w ← w − v (Goyal et al., eqs. 9 and 10)")
+    flag("--no-momentum-correction", field="momentum_correction", action="store_false", default=True,
+         help="with the rate inside the momentum (caffe2, LARS), do not rescale it when the rate changes",
+         note="default: corrected")
     flag("--wd", "--weight-decay", field="weight_decay", type=float)
     flag("--norm-weight-decay", type=float, help="weight decay of BN parameters and biases",
          note="default: the same as --wd")

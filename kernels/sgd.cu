@@ -7,6 +7,12 @@
 //     u = m·u + d
 //     w = w − η·u            nesterov: w = w − η·(d + m·u)
 //
+// or, with rate_inside (Caffe2's form, the rate carried by the velocity, c = velocity_scale
+// the momentum correction η_new/η_old):
+//
+//     u = (c·u)·m + η·d
+//     w = w − u
+//
 // Each of w, g, u, λ is read once and w, u written once: the update is bound by memory
 // bandwidth, so threads move four elements at a time (float4) when the buffers allow
 // (VECTOR = 4: n a multiple of 4 and every pointer 16-byte aligned, as the flat buffers are);
@@ -39,7 +45,7 @@ template <> struct Pack<4> {
 template <int VECTOR>
 __global__ void __launch_bounds__(SGD_THREADS) sgd_momentum(float* w, const float* g, float* u, const float* decay,
                                                             int n, float lr, float momentum, float grad_scale,
-                                                            int nesterov) {
+                                                            int nesterov, int rate_inside, float velocity_scale) {
     int stride = gridDim.x * blockDim.x;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n / VECTOR; i += stride) {
         Pack<VECTOR> wp, gp, up, lambda;
@@ -48,8 +54,14 @@ __global__ void __launch_bounds__(SGD_THREADS) sgd_momentum(float* w, const floa
         for (int k = 0; k < VECTOR; ++k) {
             float d = __fmul_rn(gp.v[k], grad_scale);
             if (decay) d = __fadd_rn(d, __fmul_rn(lambda.v[k], wp.v[k]));
-            float uk = __fadd_rn(__fmul_rn(up.v[k], momentum), d);
-            float step = nesterov ? __fmul_rn(__fadd_rn(d, __fmul_rn(momentum, uk)), lr) : __fmul_rn(uk, lr);
+            float uk, step;
+            if (rate_inside) {
+                uk = __fadd_rn(__fmul_rn(__fmul_rn(up.v[k], velocity_scale), momentum), __fmul_rn(d, lr));
+                step = uk;
+            } else {
+                uk = __fadd_rn(__fmul_rn(up.v[k], momentum), d);
+                step = nesterov ? __fmul_rn(__fadd_rn(d, __fmul_rn(momentum, uk)), lr) : __fmul_rn(uk, lr);
+            }
             wp.v[k] = __fsub_rn(wp.v[k], step);
             up.v[k] = uk;
         }

@@ -15,6 +15,7 @@ from minidl.data import TRAIN_TRANSFORMS
 from minidl.dist import ALGORITHMS, BACKENDS, parse_shape
 from minidl.errors import UserError
 from minidl.models import MODELS
+from minidl.optim import SGD
 from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS, BatchSchedule
 
 OPTIMIZERS = ("sgd", "lars")
@@ -27,16 +28,16 @@ IMAGENET_PROFILE = dict(model="resnet50", batch_size=32, epochs=90, lr=0.1, weig
                         augment="imagenet")
 BASE_DEFAULTS = dict(lr_base_batch=256, momentum=0.9, label_smoothing=0.0, lr_steps=(30, 60, 80),
                      lr_gamma=0.1, lr_power=2.0, lr_warmup_epochs=0.0, lr_warmup_method="linear",
-                     opt="sgd", lars_eta=0.001, zero_init_residual=False)
+                     opt="sgd", sgd_form="pytorch", lars_eta=0.001, zero_init_residual=False)
 
 RECIPES = {
     # Goyal et al. 2017: k workers × 32 images, 0.1 per 256 scaled linearly, 5-epoch gradual
     # warmup from 0.1, ÷10 at epochs 30/60/80 of 90, no weight decay on BN and biases, γ = 0
-    # in the last BN of every residual block.
+    # in the last BN of every residual block, Caffe2's update with momentum correction.
     "goyal": dict(model="resnet50", batch_size=32, lr=0.1, lr_base_batch=256, lr_warmup_epochs=5.0,
                   lr_warmup_method="linear", lr_warmup_start=0.1, lr_scheduler="step", lr_steps=(30, 60, 80),
                   lr_gamma=0.1, epochs=90, weight_decay=1e-4, momentum=0.9, norm_weight_decay=0.0,
-                  zero_init_residual=True),
+                  zero_init_residual=True, sgd_form="caffe2", bn_group_size=32),
     # In the spirit of Mikami et al. 2018 (224 s on 2176 GPUs): batch-size control from 34K
     # (16 per GPU) to 68K (32 per GPU), label smoothing 0.1, warmup, no weight decay on BN and
     # biases. The switch epoch and the polynomial decay are our choices, not the paper's.
@@ -67,6 +68,8 @@ class Config:
     weight_decay: float | None = None
     norm_weight_decay: float | None = None  # None: the same as weight_decay
     nesterov: bool = False
+    sgd_form: str | None = None  # "pytorch" (rate outside the momentum) or "caffe2" (inside)
+    momentum_correction: bool = True
     lars_eta: float | None = None
     label_smoothing: float | None = None
     lr_scheduler: str | None = None
@@ -77,6 +80,7 @@ class Config:
     lr_warmup_method: str | None = None
     lr_warmup_start: float | None = None  # None: the reference rate
     zero_init_residual: bool | None = None
+    bn_group_size: int | None = None  # images per BN statistics group ("ghost" BN); None: the micro-batch
     train_crop_size: int | None = None
     val_crop_size: int | None = None
     val_resize_size: int | None = None
@@ -136,6 +140,8 @@ class Config:
                             ("--val-resize-size", self.val_resize_size)):
             if value is None or value <= 0:
                 raise UserError(f"{flag} must be a positive integer, got {value}")
+        if self.bn_group_size is not None and self.bn_group_size <= 0:
+            raise UserError(f"--bn-group-size must be a positive integer, got {self.bn_group_size}")
         if self.max_per_rank_batch is not None and self.max_per_rank_batch <= 0:
             raise UserError(f"--max-per-rank-batch must be a positive integer, got {self.max_per_rank_batch}")
         if not self.lr > 0:
@@ -148,8 +154,10 @@ class Config:
                             ("--lr-warmup-epochs", self.lr_warmup_epochs), ("--lr-power", self.lr_power)):
             if value is not None and value < 0:
                 raise UserError(f"{flag} must be >= 0, got {value}")
-        if self.nesterov and (self.momentum == 0 or self.opt != "sgd"):
-            raise UserError("--nesterov needs --opt sgd and a positive --momentum")
+        if self.sgd_form not in SGD.FORMS:
+            raise UserError(f"unknown --sgd-form {self.sgd_form!r}: choose one of {', '.join(SGD.FORMS)}")
+        if self.nesterov and (self.momentum == 0 or self.opt != "sgd" or self.sgd_form != "pytorch"):
+            raise UserError("--nesterov needs --opt sgd, --sgd-form pytorch and a positive --momentum")
         if self.opt not in OPTIMIZERS:
             raise UserError(f"unknown --opt {self.opt!r}: choose one of {', '.join(OPTIMIZERS)}")
         if not self.lars_eta > 0:

@@ -111,14 +111,16 @@ class Kernels:
         function(grid, block, args, shared_mem=shared_mem)
 
     # ---- SGD ---------------------------------------------------------------------------------
-    def sgd_momentum_update(self, w, g, u, lr, momentum, grad_scale=1.0, decay=None, nesterov=False):
+    def sgd_momentum_update(self, w, g, u, lr, momentum, grad_scale=1.0, decay=None, nesterov=False,
+                            rate_inside=False, velocity_scale=1.0):
         """In place on the flat buffers, exactly as minidl.ops.sgd.sgd_momentum_update."""
         n = w.size
         buffers = [a for a in (w, g, u, decay) if a is not None]
         vector = 4 if n % 4 == 0 and all(data_address(a) % 16 == 0 for a in buffers) else 1
         self._launch("sgd", f"sgd_momentum<{vector}>", _elementwise_grid(n // vector, self.multiprocessors),
                      (THREADS,), (w, g, u, _ptr(decay), numpy.int32(n), numpy.float32(lr), numpy.float32(momentum),
-                                  numpy.float32(grad_scale), numpy.int32(bool(nesterov))))
+                                  numpy.float32(grad_scale), numpy.int32(bool(nesterov)), numpy.int32(bool(rate_inside)),
+                                  numpy.float32(velocity_scale)))
 
     # ---- softmax cross-entropy -----------------------------------------------------------------
     def softmax_cross_entropy(self, logits, labels, smoothing):

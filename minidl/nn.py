@@ -170,9 +170,11 @@ class Conv2d(Module):
 
 
 class BatchNorm2d(Module):
-    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+    """`group_size`: in training, statistics over groups of that many images (ghost batch norm)."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, group_size=None):
         super().__init__()
-        self.eps, self.momentum = eps, momentum
+        self.eps, self.momentum, self.group_size = eps, momentum, group_size
         self.weight = Parameter(xp.ones(num_features, dtype=DEFAULT_DTYPE), kind="norm")
         self.bias = Parameter(xp.zeros(num_features, dtype=DEFAULT_DTYPE), kind="norm")
         self.register_buffer("running_mean", xp.zeros(num_features, dtype=DEFAULT_DTYPE))
@@ -180,7 +182,7 @@ class BatchNorm2d(Module):
 
     def forward(self, x):
         return ops.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
-                              self.training, self.momentum, self.eps)
+                              self.training, self.momentum, self.eps, self.group_size)
 
 
 class Linear(Module):

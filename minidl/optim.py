@@ -90,19 +90,31 @@ class FlatOptimizer:
 
 
 class SGD(FlatOptimizer):
-    """SGD with momentum in torch's form:  u ← m·u + (s·g + λ·w);  w ← w − η·u
-    (nesterov: w ← w − η·(s·g + λ·w + m·u)), s = grad_scale, λ per parameter."""
+    """SGD with momentum, d = s·g + λ·w (s = grad_scale, λ per parameter), in one of two forms
+    (Goyal et al., remark 2; minidl/ops/sgd.py):
+      form="pytorch":  u ← m·u + d;  w ← w − η·u   (nesterov: w ← w − η·(d + m·u))
+      form="caffe2":   v ← m·v + η·d;  w ← w − v, and when η changes, v ← v·η_new/η_old first
+                       (momentum correction; `momentum_correction=False` leaves it out)."""
+
+    FORMS = ("pytorch", "caffe2")
 
     def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, nesterov=False,
-                 norm_weight_decay=None, grad_scale=1.0, align=1024):
-        if nesterov and momentum <= 0:
-            raise ValueError("nesterov momentum needs momentum > 0")
+                 norm_weight_decay=None, grad_scale=1.0, align=1024, form="pytorch", momentum_correction=True):
+        if nesterov and (momentum <= 0 or form != "pytorch"):
+            raise ValueError("nesterov momentum needs momentum > 0 and the pytorch form")
+        if form not in self.FORMS:
+            raise ValueError(f"unknown SGD form {form!r}; choose one of {self.FORMS}")
         super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align)
-        self.nesterov = nesterov
+        self.nesterov, self.form, self.momentum_correction = nesterov, form, momentum_correction
 
     def step(self):
+        rate_inside = self.form == "caffe2"
+        correction = 1.0
+        if rate_inside and self.momentum_correction and self.previous_lr not in (None, self.lr):
+            correction = self.lr / self.previous_lr
+        self.previous_lr = self.lr
         sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, self._scratch, self.lr,
-                            self.momentum, self.grad_scale, self.decay, self.nesterov)
+                            self.momentum, self.grad_scale, self.decay, self.nesterov, rate_inside, correction)
 
 
 class LARS(FlatOptimizer):
@@ -117,10 +129,10 @@ class LARS(FlatOptimizer):
     """
 
     def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.001,
-                 norm_weight_decay=None, grad_scale=1.0, align=1024):
+                 norm_weight_decay=None, grad_scale=1.0, align=1024, momentum_correction=True):
         super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align)
         xp = get_array_module(self.flat.data)
-        self.eta = eta
+        self.eta, self.momentum_correction = eta, momentum_correction
         index = numpy.full(len(self.flat.data), len(self.flat.params), dtype=numpy.int32)  # padding
         for i, (start, end) in enumerate(self.flat.segments):
             index[start:end] = i
@@ -144,7 +156,7 @@ class LARS(FlatOptimizer):
     def step(self):
         xp = get_array_module(self.flat.data)
         w, v, d = self.flat.data, self.velocity, self._scratch
-        if self.previous_lr is not None and self.previous_lr != self.lr:
+        if self.momentum_correction and self.previous_lr not in (None, self.lr):
             v *= self.lr / self.previous_lr
         self.previous_lr = self.lr
         xp.multiply(self.flat.grad, self.grad_scale, out=d)

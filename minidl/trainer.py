@@ -74,15 +74,20 @@ def schedule_rows(config, world_size, dataset_size=None):
 
 def build_model(config, num_classes):
     nn.manual_seed(config.seed)
-    return MODELS[config.model](num_classes=num_classes, zero_init_residual=config.zero_init_residual)
+    model = MODELS[config.model](num_classes=num_classes, zero_init_residual=config.zero_init_residual)
+    for _, module in model.named_modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.group_size = config.bn_group_size
+    return model
 
 
 def build_optimizer(config, model, align):
     common = dict(lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
-                  norm_weight_decay=config.norm_weight_decay, align=align)
+                  norm_weight_decay=config.norm_weight_decay, align=align,
+                  momentum_correction=config.momentum_correction)
     if config.opt == "lars":
         return LARS(model.parameters(), eta=config.lars_eta, **common)
-    return SGD(model.parameters(), nesterov=config.nesterov, **common)
+    return SGD(model.parameters(), nesterov=config.nesterov, form=config.sgd_form, **common)
 
 
 def count_correct(logits, labels, k):
@@ -140,7 +145,12 @@ class Trainer:
         return tuple(bool(flag) for flag in flags)
 
     def plan(self, epoch):
-        return self.schedule.batches.plan(epoch, self.comm.size, self.config.max_per_rank_batch)
+        plan = self.schedule.batches.plan(epoch, self.comm.size, self.config.max_per_rank_batch)
+        group = self.config.bn_group_size
+        if group and plan.micro_batch > group and plan.micro_batch % group:
+            raise UserError(f"--bn-group-size {group} does not divide the micro-batch of {plan.micro_batch} images "
+                            f"per rank (epoch {epoch}): choose a divisor of it")
+        return plan
 
     def train_loader_for(self, micro_batch):
         """The training loader, rebuilt only when batch-size control changes the micro-batch."""

@@ -1,5 +1,9 @@
 """The optimizer side of the large-minibatch recipe: LARS, gradient accumulation, batch-size control."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +13,7 @@ from minidl.config import Config
 from minidl.data import make_embedded_dataset
 from minidl.optim import LARS, SGD
 from minidl.trainer import run
+from mpi.launch import mpiexec, require_mpi
 
 
 class SmallNet(nn.Module):
@@ -92,3 +97,76 @@ def test_batch_size_control_end_to_end(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["global_batch"] for m in metrics] == [32, 64]
     assert [m["lr"] for m in metrics] == pytest.approx([0.05, 0.1])
+
+
+def test_caffe2_form_with_momentum_correction_takes_the_pytorch_steps_across_a_rate_jump():
+    """Goyal et al., remark 2: v ← m·v + η·g needs v ← v·η_new/η_old when η changes; then it is
+    u ← m·u + g; w ← w − η·u in another coordinate. Without the correction it is not."""
+    images, labels = batch(8, 4)
+    runs = {}
+    for form, correction in (("pytorch", True), ("caffe2", True), ("caffe2", False)):
+        model = small_net()
+        opt = SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3, form=form,
+                  momentum_correction=correction)
+        for lr in (0.1, 0.1, 0.4, 0.4, 0.05):
+            opt.lr = lr
+            opt.zero_grad()
+            backward(model, images, labels)
+            opt.step()
+        runs[form, correction] = opt.flat.data.copy()
+    np.testing.assert_allclose(runs["caffe2", True], runs["pytorch", True], rtol=1e-11, atol=1e-14)
+    assert np.abs(runs["caffe2", False] - runs["pytorch", True]).max() > 1e-4
+
+
+def test_ghost_batch_norm_normalizes_each_group_as_its_own_batch():
+    """Oracle: torch's batch norm applied to each group of images in turn (forward, input and
+    parameter gradients, running statistics updated group after group)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((12, 3, 3, 4)) * 2 + 1
+    gamma, beta, upstream = rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal((12, 3, 3, 4))
+    mean, var = np.zeros(4), np.ones(4)
+    xt, gt, bt = (Tensor(a.copy(), requires_grad=True) for a in (x, gamma, beta))
+    y = ops.batch_norm(xt, gt, bt, mean, var, training=True, group_size=4)
+    (y * Tensor(upstream)).sum().backward()
+
+    x_ref = torch.tensor(x.transpose(0, 3, 1, 2), requires_grad=True)
+    g_ref, b_ref = torch.tensor(gamma, requires_grad=True), torch.tensor(beta, requires_grad=True)
+    mean_ref, var_ref = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    outs = [torch.nn.functional.batch_norm(x_ref[k:k + 4], mean_ref, var_ref, g_ref, b_ref, training=True)
+            for k in range(0, 12, 4)]
+    y_ref = torch.cat(outs)
+    (y_ref * torch.tensor(upstream.transpose(0, 3, 1, 2))).sum().backward()
+    np.testing.assert_allclose(y.data, y_ref.detach().numpy().transpose(0, 2, 3, 1), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(xt.grad.data, x_ref.grad.numpy().transpose(0, 2, 3, 1), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(gt.grad.data, g_ref.grad.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(bt.grad.data, b_ref.grad.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(mean, mean_ref.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(var, var_ref.numpy(), rtol=1e-12)
+
+
+def test_ghost_batch_norm_needs_groups_that_divide_the_batch():
+    with pytest.raises(ValueError, match="does not split"):
+        ops.batch_norm(Tensor(np.zeros((6, 2, 2, 3))), Tensor(np.ones(3)), Tensor(np.zeros(3)), None, None,
+                       training=True, group_size=4)
+
+
+def test_batch_size_control_under_mpiexec_grows_accumulation_and_rate(tmp_path):
+    """2 ranks, global batch 32 then 64 with micro-batches capped at 16: the second epoch
+    accumulates 2 micro-batches per rank and runs at twice the rate."""
+    require_mpi()
+    data = make_embedded_dataset(tmp_path / "data", train_per_class=16, val_per_class=4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINIDL_")}
+    env.update(MINIDL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MINIDL_DEVICE="cpu")
+    argv = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(Path(__file__).parents[1] / "train.py"),
+            "--data-path", str(data), "--model", "resnet20", "--batch-schedule", "0:32,1:64",
+            "--max-per-rank-batch", "16", "--epochs", "2", "--lr", "0.1", "--lr-base-batch", "64",
+            "--lr-scheduler", "constant", "--train-crop-size", "32", "--val-crop-size", "32",
+            "--val-resize-size", "32", "--augment", "none", "--output-dir", str(tmp_path / "out")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["global_batch"] for m in metrics] == [32, 64]
+    assert [m["lr"] for m in metrics] == pytest.approx([0.05, 0.1])
+    steps = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    assert {s["global_batch"] for s in steps if s["epoch"] > 1} == {64}

@@ -107,7 +107,41 @@ class BatchNorm(Function):
         return gx.reshape(gy.shape), ggamma, gbeta
 
 
-def batch_norm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):
+class GhostBatchNorm(Function):
+    """Batch norm with statistics over groups of `group_size` consecutive images ("ghost" batch
+    norm; Goyal et al. normalize over 32 images per worker whatever the batch): each group is
+    normalized as a batch of its own, and updates the running statistics in turn."""
+
+    def __init__(self, group_size, *batch_norm_args):
+        self.group_size, self.batch_norm_args = group_size, batch_norm_args
+
+    def _parts(self, n):
+        return [slice(start, start + self.group_size) for start in range(0, n, self.group_size)]
+
+    def forward(self, x, gamma, beta):
+        self.groups = [BatchNorm(*self.batch_norm_args) for _ in self._parts(len(x))]
+        y = get_array_module(x).empty_like(x)
+        for group, part in zip(self.groups, self._parts(len(x))):
+            y[part] = group.forward(x[part], gamma, beta)
+        return y
+
+    def backward(self, gy):
+        gx, ggamma, gbeta = get_array_module(gy).empty_like(gy), 0, 0
+        for group, part in zip(self.groups, self._parts(len(gy))):
+            gx[part], group_ggamma, group_gbeta = group.backward(gy[part])
+            ggamma, gbeta = ggamma + group_ggamma, gbeta + group_gbeta
+        return gx, ggamma, gbeta
+
+
+def batch_norm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5,
+               group_size=None):
     """Batch norm of NHWC `x` with per-channel `gamma`, `beta`; running stats (arrays or None)
-    are updated in place when training."""
-    return BatchNorm(running_mean, running_var, training, momentum, eps)(x, gamma, beta)
+    are updated in place when training. With `group_size` (training only), statistics over
+    groups of that many images, which must divide the batch."""
+    args = running_mean, running_var, training, momentum, eps
+    n = getattr(x, "shape", (0,))[0]
+    if not training or not group_size or group_size >= n:
+        return BatchNorm(*args)(x, gamma, beta)
+    if n % group_size:
+        raise ValueError(f"a batch of {n} images does not split into BN groups of {group_size}")
+    return GhostBatchNorm(group_size, *args)(x, gamma, beta)

@@ -70,9 +70,11 @@ def cases():
     for smoothing in (0.0, 0.1):
         found.append((f"softmax xent 32x1000 smoothing={smoothing}", oracle.check_softmax_xent,
                       (BATCH, 1000, smoothing), {}))
-    for nesterov, decay, offset in ((False, True, 0), (True, False, 0), (True, True, 1)):
-        found.append((f"sgd {FLAT_SIZE} nesterov={nesterov} decay={decay} offset={offset}", oracle.check_sgd,
-                      (FLAT_SIZE, nesterov, decay), {"steps": 2, "offset": offset}))
+    for nesterov, decay, offset, inside in ((False, True, 0, False), (True, False, 0, False), (True, True, 1, False),
+                                            (False, True, 0, True)):
+        found.append((f"sgd {FLAT_SIZE} nesterov={nesterov} decay={decay} offset={offset} rate_inside={inside}",
+                      oracle.check_sgd, (FLAT_SIZE, nesterov, decay), {"steps": 2, "offset": offset,
+                                                                        "rate_inside": inside}))
     for mode in ("fp32", "tf32"):
         found.append((f"resnet50 training step batch {STEP_BATCH} {mode} vs cpu", check_resnet50_step, (mode,), {}))
     return found

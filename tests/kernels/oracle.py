@@ -194,9 +194,10 @@ def check_softmax_xent(gpu, xp, n, classes, smoothing, seed=0, scale=1.0):
     assert_close(grad, function.backward(numpy.float64(1.0)), TOLERANCE["fp32"], "softmax cross-entropy gradient")
 
 
-def check_sgd(gpu, xp, n, nesterov, decay, steps=3, seed=0, offset=0):
+def check_sgd(gpu, xp, n, nesterov, decay, steps=3, seed=0, offset=0, rate_inside=False):
     """Several steps of the kernel against sgd_momentum_update on the host: bit for bit.
-    `offset` elements into a larger buffer: a view that is not 16-byte aligned."""
+    `offset` elements into a larger buffer: a view that is not 16-byte aligned. The rate
+    changes every step (so the rate-inside form's momentum correction is exercised)."""
     rng = numpy.random.default_rng(seed)
     w, u = (rng.standard_normal(n + offset).astype(numpy.float32) for _ in range(2))
     rates = (rng.integers(0, 2, n + offset) * 1e-4).astype(numpy.float32) if decay else None
@@ -205,9 +206,10 @@ def check_sgd(gpu, xp, n, nesterov, decay, steps=3, seed=0, offset=0):
     w, u, rates = (a[offset:] if a is not None else None for a in (w, u, rates))
     for step in range(steps):
         g = rng.standard_normal(n).astype(numpy.float32)
-        lr = 0.1 * (step + 1)
-        gpu.sgd_momentum_update(views[0], xp.asarray(g), views[1], lr, 0.9, 0.25, views[2], nesterov)
-        sgd_momentum_update(w, g, u, numpy.empty_like(w), lr, 0.9, 0.25, rates, nesterov)
+        lr, correction = 0.1 * (step + 1), (step + 1) / step if step else 1.0
+        form = dict(rate_inside=rate_inside, velocity_scale=correction)
+        gpu.sgd_momentum_update(views[0], xp.asarray(g), views[1], lr, 0.9, 0.25, views[2], nesterov, **form)
+        sgd_momentum_update(w, g, u, numpy.empty_like(w), lr, 0.9, 0.25, rates, nesterov, **form)
         assert numpy.array_equal(to_numpy(views[0]), w), f"SGD step {step}: weights differ"
         assert numpy.array_equal(to_numpy(views[1]), u), f"SGD step {step}: momentum differs"
 

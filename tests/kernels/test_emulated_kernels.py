@@ -91,14 +91,16 @@ def test_softmax_xent(emulated, n, classes, smoothing, scale):
     oracle.check_softmax_xent(emulated, numpy, n, classes, smoothing, scale=scale)
 
 
-@pytest.mark.parametrize("n, nesterov, decay, offset", [
-    (1000, False, True, 0),   # float4 path
-    (1003, True, False, 0),   # n not a multiple of 4: scalar path
-    (4096, True, True, 1),    # a view 4 bytes off 16-byte alignment: scalar path
-    (4096, False, False, 0),
+@pytest.mark.parametrize("n, nesterov, decay, offset, rate_inside", [
+    (1000, False, True, 0, False),   # float4 path
+    (1003, True, False, 0, False),   # n not a multiple of 4: scalar path
+    (4096, True, True, 1, False),    # a view 4 bytes off 16-byte alignment: scalar path
+    (4096, False, False, 0, False),
+    (1000, False, True, 0, True),    # Caffe2's form with momentum correction, float4 path
+    (1003, False, True, 0, True),    # ... and the scalar path
 ])
-def test_sgd_bit_exact(emulated, n, nesterov, decay, offset):
-    oracle.check_sgd(emulated, numpy, n, nesterov, decay, offset=offset)
+def test_sgd_bit_exact(emulated, n, nesterov, decay, offset, rate_inside):
+    oracle.check_sgd(emulated, numpy, n, nesterov, decay, offset=offset, rate_inside=rate_inside)
 
 
 def test_conv_on_a_misaligned_view_takes_the_exact_path(emulated):
