@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +32,22 @@ MANIFEST = "manifest.json"
 GENERATOR_VERSION = 1
 
 SUPERSAMPLE = 4  # drawn at 4x resolution, then box-filtered down: antialiased edges
-# The difficulty: contrast, noise and clutter, and the shape's size.
-MIN_CONTRAST = 100  # minimum |luminance(shape) - luminance(background)|, 0-255 scale
-NOISE_SIGMA = (2, 8)  # range of the per-image standard deviation of pixel noise, 0-255 scale
-DISTRACTORS = (1, 4)  # range of the number of distractors, inclusive
-SHAPE_RADIUS = (0.28, 0.46)  # range of the shape's outer radius, as a fraction of the side
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """How hard the images are: contrast, noise and clutter, and the shape's size."""
+    min_contrast: int       # minimum |luminance(shape) - luminance(background)|, 0-255 scale
+    noise_sigma: tuple      # range of the per-image standard deviation of pixel noise, 0-255 scale
+    distractors: tuple      # range of the number of distractors, inclusive
+    shape_radius: tuple     # range of the shape's outer radius, as a fraction of the side
+
+
+DIFFICULTIES = {
+    "default": Difficulty(100, (2, 8), (1, 4), (0.28, 0.46)),
+    # for experiments that need headroom: fainter, noisier, smaller shapes among more clutter
+    "hard": Difficulty(40, (6, 20), (3, 8), (0.2, 0.42)),
+}
 
 
 def _star(points, inner):
@@ -67,19 +79,19 @@ def _luminance(rgb):
     return 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
 
 
-def _colours(rng):
-    """A background and a shape colour, uniform over RGB, at least MIN_CONTRAST apart."""
+def _colours(rng, min_contrast):
+    """A background and a shape colour, uniform over RGB, at least `min_contrast` apart."""
     background = rng.integers(0, 256, 3)
     while True:  # rejection sampling, many candidates per round
         shapes = rng.integers(0, 256, (64, 3))
-        ok = np.abs(_luminance(shapes) - _luminance(background)) >= MIN_CONTRAST
+        ok = np.abs(_luminance(shapes) - _luminance(background)) >= min_contrast
         if ok.any():
             return tuple(background.tolist()), tuple(shapes[ok.argmax()].tolist())
 
 
-def _draw_distractors(draw, rng, side):
+def _draw_distractors(draw, rng, side, count):
     """A few thin strokes, scribbles and small dots: clutter that is none of the classes."""
-    for _ in range(rng.integers(DISTRACTORS[0], DISTRACTORS[1] + 1)):
+    for _ in range(rng.integers(count[0], count[1] + 1)):
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
         kind = rng.integers(3)
         if kind == 0:  # straight stroke
@@ -117,35 +129,35 @@ def _draw_shape_mask(name, side, centre, radius, angle):
     return mask
 
 
-def draw_image(name, rng, image_size=IMAGE_SIZE):
+def draw_image(name, rng, image_size=IMAGE_SIZE, difficulty=DIFFICULTIES["default"]):
     """One RGB image of the class `name`, all randomness from the generator `rng`."""
     side = image_size * SUPERSAMPLE
-    background, foreground = _colours(rng)
+    background, foreground = _colours(rng, difficulty.min_contrast)
     canvas = Image.new("RGB", (side, side), background)
-    _draw_distractors(ImageDraw.Draw(canvas), rng, side)
-    radius = rng.uniform(*SHAPE_RADIUS) * side
+    _draw_distractors(ImageDraw.Draw(canvas), rng, side, difficulty.distractors)
+    radius = rng.uniform(*difficulty.shape_radius) * side
     centre = rng.uniform(radius, side - radius, 2)
     mask = _draw_shape_mask(name, side, centre, radius, rng.uniform(0, 2 * math.pi))
     canvas.paste(foreground, mask=mask)
     small = np.asarray(canvas.resize((image_size, image_size), Image.Resampling.BOX),
                        dtype=np.float32)
-    noisy = small + rng.normal(0, rng.uniform(*NOISE_SIGMA), small.shape)
+    noisy = small + rng.normal(0, rng.uniform(*difficulty.noise_sigma), small.shape)
     return Image.fromarray(np.clip(np.rint(noisy), 0, 255).astype(np.uint8))
 
 
-def _write_class(class_dir, seed, split_id, class_id, count, image_size):
+def _write_class(class_dir, seed, split_id, class_id, count, image_size, difficulty):
     class_dir.mkdir(parents=True)
     for i in range(count):
         rng = np.random.default_rng([seed, split_id, class_id, i])
-        image = draw_image(EMBEDDED_CLASSES[class_id], rng, image_size)
+        image = draw_image(EMBEDDED_CLASSES[class_id], rng, image_size, DIFFICULTIES[difficulty])
         image.save(class_dir / f"{i:05d}.png")
 
 
-def _write_tree(folder, seed, counts, image_size):
+def _write_tree(folder, seed, counts, image_size, difficulty):
     """Write every split's class folders, one task per folder, in parallel on all cores."""
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         tasks = [pool.submit(_write_class, folder / split / name, seed, split_id, class_id,
-                             count, image_size)
+                             count, image_size, difficulty)
                  for split_id, (split, count) in enumerate(counts.items())
                  for class_id, name in enumerate(EMBEDDED_CLASSES)]
         for task in tasks:
@@ -167,16 +179,19 @@ def _read_manifest(root):
 
 
 def make_embedded_dataset(root, seed=0, train_per_class=TRAIN_PER_CLASS,
-                          val_per_class=VAL_PER_CLASS, image_size=IMAGE_SIZE):
+                          val_per_class=VAL_PER_CLASS, image_size=IMAGE_SIZE, difficulty="default"):
     """Make (or find cached) the embedded dataset under `root`; return `root` as a Path.
+    `difficulty` names one of DIFFICULTIES.
 
     The tree is written into a temporary sibling folder, the manifest last, and then renamed
     to `root`: a folder named `root` with a matching manifest is always complete.
     """
     root = Path(root)
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"unknown difficulty {difficulty!r}; choose one of {sorted(DIFFICULTIES)}")
     manifest = {"version": GENERATOR_VERSION, "seed": seed, "image_size": image_size,
                 "train_per_class": train_per_class, "val_per_class": val_per_class,
-                "classes": list(EMBEDDED_CLASSES)}
+                "classes": list(EMBEDDED_CLASSES), "difficulty": difficulty}
     existing = _read_manifest(root)
     if existing == manifest:
         return root
@@ -186,7 +201,7 @@ def make_embedded_dataset(root, seed=0, train_per_class=TRAIN_PER_CLASS,
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
-        _write_tree(tmp, seed, {"train": train_per_class, "val": val_per_class}, image_size)
+        _write_tree(tmp, seed, {"train": train_per_class, "val": val_per_class}, image_size, difficulty)
         _write_json(tmp / MANIFEST, manifest)
         _move_into_place(tmp, root, manifest)
     finally:

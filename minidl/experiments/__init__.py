@@ -1,0 +1,1 @@
+"""Experiments that reproduce, at small scale, what the papers report: `python -m minidl.experiments.NAME`."""
