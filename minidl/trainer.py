@@ -381,6 +381,11 @@ def run(config):
             print(f"minidl: resumed from {resume_point[0]} at epoch {trainer.epoch + 1}, "
                   f"step {trainer.step}, iteration {trainer.iteration}")
 
+    if trainer.epoch >= config.epochs:
+        if trainer.is_root:
+            print(f"minidl: the run in {output_dir} has finished its {config.epochs} epochs: raise --epochs to go on")
+        return json.loads((output_dir / "summary.json").read_text()) if (output_dir / "summary.json").exists() else {}
+
     metrics, path, stopped = {}, None, False
     with StopRequest() as stop:
         while trainer.epoch < config.epochs and not stopped:

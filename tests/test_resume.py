@@ -3,6 +3,7 @@ preemption by SIGTERM, a truncated checkpoint, a non-finite loss, a dead rank, a
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -205,3 +206,11 @@ def test_mid_epoch_checkpoint_refuses_another_world_size(data, tmp_path):
     process.communicate()
     result = train(command(data, tmp_path, "--resume", "auto", ranks=2))
     assert result.returncode == 2 and "taken mid-epoch by 1 ranks" in result.stderr
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(data, tmp_path, reference_one_rank):
+    shutil.copytree(reference_one_rank, tmp_path, dirs_exist_ok=True)
+    before = (tmp_path / "metrics.jsonl").read_text()
+    result = train(command(data, tmp_path, "--resume", "auto"))
+    assert result.returncode == 0 and "has finished its 4 epochs" in result.stdout
+    assert (tmp_path / "metrics.jsonl").read_text() == before
