@@ -203,7 +203,7 @@ def test_training_state_round_trip_restores_in_place(tmp_path, optimizer):
     model, opt = trained_pair(1, optimizer)
     arrays, meta = training_state(model, opt)
     assert meta == {"optimizer": optimizer.__name__, "parameter_count": model.num_parameters(),
-                    "previous_lr": 0.1 if optimizer is LARS else None}
+                    "previous_lr": 0.1}
     save_checkpoint(tmp_path / "c.h5", arrays, dict(meta, model="resnet20"))
     expected = {name: np.array(array) for name, array in arrays.items()}
 
