@@ -128,6 +128,13 @@ def build_parser():
     flag("--cache-dir", default=d.cache_dir, help="where the embedded dataset is generated ($MINIDL_CACHE)")
     flag("--seed", type=int, default=d.seed, help="drives initialization, data order and augmentation")
     flag("--print-freq", type=int, default=d.print_freq, help="steps between progress-bar updates")
+
+    group = p.add_argument_group("GPU")
+    flag("--amp", action="store_true", default=False,
+         help="bf16 activations and convolutions, float32 weights, statistics and loss (GPU only)")
+    flag("--cuda-graph", action="store_true", default=False,
+         help="capture the training step once in a CUDA graph and replay it (GPU, one process, SGD); "
+              "the loss is then checked every --print-freq steps")
     return p
 
 

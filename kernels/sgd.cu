@@ -20,6 +20,10 @@
 // one (__fmul_rn, __fadd_rn): nothing is contracted into an FMA, and the result equals
 // NumPy's float32 reference bit for bit.
 //
+// In a CUDA graph (minidl/graph.py) the launch arguments are frozen at capture, yet the rate
+// changes every step: sgd_momentum_scalars reads lr, grad_scale and velocity_scale from device
+// memory when it runs, and sgd_store_scalars, launched before each replay, puts them there.
+//
 // Shapes: any n (a grid-stride loop covers the buffer whatever the grid).
 
 constexpr int SGD_THREADS = 256;
@@ -43,9 +47,9 @@ template <> struct Pack<4> {
 };
 
 template <int VECTOR>
-__global__ void __launch_bounds__(SGD_THREADS) sgd_momentum(float* w, const float* g, float* u, const float* decay,
-                                                            int n, float lr, float momentum, float grad_scale,
-                                                            int nesterov, int rate_inside, float velocity_scale) {
+__device__ __forceinline__ void sgd_update(float* w, const float* g, float* u, const float* decay, int n, float lr,
+                                           float momentum, float grad_scale, int nesterov, int rate_inside,
+                                           float velocity_scale) {
     int stride = gridDim.x * blockDim.x;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n / VECTOR; i += stride) {
         Pack<VECTOR> wp, gp, up, lambda;
@@ -67,4 +71,23 @@ __global__ void __launch_bounds__(SGD_THREADS) sgd_momentum(float* w, const floa
         }
         wp.store(w, i), up.store(u, i);
     }
+}
+
+template <int VECTOR>
+__global__ void __launch_bounds__(SGD_THREADS) sgd_momentum(float* w, const float* g, float* u, const float* decay,
+                                                            int n, float lr, float momentum, float grad_scale,
+                                                            int nesterov, int rate_inside, float velocity_scale) {
+    sgd_update<VECTOR>(w, g, u, decay, n, lr, momentum, grad_scale, nesterov, rate_inside, velocity_scale);
+}
+
+// scalars = {lr, grad_scale, velocity_scale}, read when the kernel runs
+template <int VECTOR>
+__global__ void __launch_bounds__(SGD_THREADS) sgd_momentum_scalars(float* w, const float* g, float* u,
+                                                                    const float* decay, int n, const float* scalars,
+                                                                    float momentum, int nesterov, int rate_inside) {
+    sgd_update<VECTOR>(w, g, u, decay, n, scalars[0], momentum, scalars[1], nesterov, rate_inside, scalars[2]);
+}
+
+__global__ void sgd_store_scalars(float* scalars, float lr, float grad_scale, float velocity_scale) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) scalars[0] = lr, scalars[1] = grad_scale, scalars[2] = velocity_scale;
 }

@@ -11,6 +11,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from minidl.backend import require_gpu
 from minidl.data import TRAIN_TRANSFORMS
 from minidl.dist import ALGORITHMS, BACKENDS, parse_shape
 from minidl.errors import UserError
@@ -97,6 +98,8 @@ class Config:
     seed: int = 0
     print_freq: int = 10
     workers: int = 0
+    amp: bool = False  # bf16 activations (GPU only)
+    cuda_graph: bool = False  # replay each step from a CUDA graph (GPU only)
 
     def resolved(self):
         """A copy with the layers' defaults filled in, validated."""
@@ -192,6 +195,9 @@ class Config:
                             f"{self.bucket_mb}, {self.checkpoint_every}, {self.keep_checkpoints}")
         if self.workers < 0:
             raise UserError(f"--workers must be >= 0, got {self.workers}")
+        for flag, wanted in (("--amp", self.amp), ("--cuda-graph", self.cuda_graph)):
+            if wanted:
+                require_gpu(flag)
 
     def to_dict(self):
         return dataclasses.asdict(self)

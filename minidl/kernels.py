@@ -1,7 +1,8 @@
 """The CUDA kernels of kernels/*.cu from Python: loading, launch geometry, one method per operation.
 
-On a GPU the ops in minidl.ops call `device()` for float32 CuPy arrays (`wants(...)` decides);
-everything else keeps the reference path, so CPU users never import CuPy through this module.
+On a GPU the ops in minidl.ops call `device()` for float32 and bf16 CuPy arrays (`wants(...)`
+decides); everything else keeps the reference path, so CPU users never import CuPy through
+this module.
 
 `Kernels(load, multiprocessors)` holds everything that builds a launch: output and workspace
 allocation, grids, split-K, argument lists with exact C types (numpy.int32/float32: CuPy would
@@ -13,28 +14,34 @@ emulator of the same interface, so every line here also runs in CI, on NumPy arr
 Conventions: NHWC activations, KRSC weights, contiguous arrays. float32 arrays run on TF32
 tensor cores when `allow_tf32` (the default, as in cuDNN; MINIDL_TF32=0 turns it off) and the
 channel counts allow, else on the exact fp32 path; bf16 data are uint16 arrays holding the raw
-bfloat16 bits (NumPy and CuPy have no bfloat16 dtype) and run on bf16 tensor cores.
+bfloat16 bits (backend.BF16: NumPy and CuPy have no bfloat16 dtype) and run on bf16 tensor cores.
+Convolution and batch norm take bf16 data (with float32 weights, γ, β and statistics: a weight
+is read through its bf16 copy in a registered `Bf16Shadow`); `cast` and `bf16_add` convert and
+sum; pooling, the loss and SGD take float32 only and refuse bf16.
 `MINIDL_KERNELS=0` keeps even CuPy arrays on the reference path.
 """
+import contextlib
 import functools
 import os
+import weakref
 from pathlib import Path
 
 import numpy
 
-from minidl.backend import get_array_module, on_gpu
+from minidl.backend import BF16, get_array_module, on_gpu
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "kernels"
 NULL = numpy.uint64(0)  # a null pointer argument
 ENABLED = os.environ.get("MINIDL_KERNELS", "1") != "0"
-BF16 = numpy.uint16  # the container of bfloat16 bits
-
+KERNEL_DTYPES = (numpy.float32, BF16)
 _CONV_TILES = ("Tf32Tile", "Bf16Tile", "SimtTile")
 _BN_TYPES = ("float", "__nv_bfloat16")
 
 # family (kernels/<family>.cu) -> the kernels it exports, as CuPy name expressions
 KERNELS = {
-    "sgd": ("sgd_momentum<1>", "sgd_momentum<4>"),
+    "sgd": ("sgd_momentum<1>", "sgd_momentum<4>", "sgd_momentum_scalars<1>", "sgd_momentum_scalars<4>",
+            "sgd_store_scalars"),
+    "amp": ("float_to_bf16", "bf16_to_float", "bf16_add"),
     "softmax_xent": ("softmax_xent",),
     "pool": ("max_pool_forward", "max_pool_backward", "global_avg_pool_forward", "global_avg_pool_backward"),
     "batchnorm": tuple(f"{k}<{t}>" for k in ("bn_stats", "bn_apply", "bn_backward_reduce", "bn_backward_apply")
@@ -67,9 +74,9 @@ MIN_TILES_PER_SPLIT = 8  # wgrad split-K: each split streams at least this many 
 
 
 def wants(*arrays):
-    """Whether these arrays (None ignored) go to the kernels: CuPy float32 arrays on a GPU."""
+    """Whether these arrays (None ignored) go to the kernels: CuPy float32 or bf16 arrays on a GPU."""
     return ENABLED and on_gpu and all(
-        a is None or (not isinstance(a, numpy.ndarray) and a.dtype == numpy.float32) for a in arrays)
+        a is None or (not isinstance(a, numpy.ndarray) and a.dtype in KERNEL_DTYPES) for a in arrays)
 
 
 def data_address(array):
@@ -92,6 +99,42 @@ def _elementwise_grid(count, multiprocessors):
     return (max(1, min(ceil_div(count, THREADS), 32 * multiprocessors)),)
 
 
+def _require_float32(*arrays):
+    """The kernels without a bf16 version: a bf16 array here is a policy error, not a slow path."""
+    for a in arrays:
+        if a is not None and a.dtype != numpy.float32:
+            raise TypeError(f"this kernel takes float32 data, not {a.dtype} (bf16 is cast back to float32 "
+                            "before pooling, the classifier and the loss: minidl.ops.to_float)")
+
+
+class Bf16Shadow:
+    """A bf16 copy of a float32 buffer (the flat parameters), made by one launch per `refresh()`.
+    A convolution given bf16 data and a float32 weight that is a view into the buffer reads the
+    weight's bf16 copy here, found by address: under --amp the weights are cast once per step,
+    not at every use. Refresh after every change of the buffer (each optimizer step) and before
+    the next forward pass; a stale shadow means stale weights."""
+
+    def __init__(self, kernels, master):
+        if master.dtype != numpy.float32 or master.ndim != 1:
+            raise TypeError("a bf16 shadow copies a 1-D float32 buffer")
+        self.kernels, self.master = kernels, master
+        self.bits = get_array_module(master).empty(master.shape, dtype=BF16)
+
+    def refresh(self):
+        self.kernels.cast(self.master, BF16, out=self.bits)
+
+    def view_of(self, w):
+        """w's bf16 copy, or None where w is not a contiguous part of the buffer whose copy is
+        16-byte aligned (the tensor-core tiles copy 16 bytes at a time)."""
+        offset = data_address(w) - data_address(self.master)
+        inside = 0 <= offset and offset + w.nbytes <= self.master.nbytes and offset % self.master.itemsize == 0
+        if not (inside and w.dtype == numpy.float32 and w.flags.c_contiguous):
+            return None
+        start = offset // self.master.itemsize
+        view = self.bits[start:start + w.size].reshape(w.shape)
+        return view if data_address(view) % 16 == 0 else None
+
+
 class Kernels:
     """Every kernel operation, launched through `load(family).get_function(name)`."""
 
@@ -100,6 +143,9 @@ class Kernels:
         self.multiprocessors = multiprocessors
         self.allow_tf32 = allow_tf32
         self._functions = {}
+        self._shadows = weakref.WeakSet()
+        self._sgd_scalars = None  # (device array, launch) inside sgd_scalars()
+        self._sgd_updates = 0
 
     def _launch(self, family, name, grid, block, args, shared_mem=0):
         key = (family, name)
@@ -113,18 +159,104 @@ class Kernels:
     # ---- SGD ---------------------------------------------------------------------------------
     def sgd_momentum_update(self, w, g, u, lr, momentum, grad_scale=1.0, decay=None, nesterov=False,
                             rate_inside=False, velocity_scale=1.0):
-        """In place on the flat buffers, exactly as minidl.ops.sgd.sgd_momentum_update."""
+        """In place on the flat buffers, exactly as minidl.ops.sgd.sgd_momentum_update (inside
+        `sgd_scalars()`, lr, grad_scale and velocity_scale go through device memory)."""
+        _require_float32(w, g, u, decay)
         n = w.size
         buffers = [a for a in (w, g, u, decay) if a is not None]
         vector = 4 if n % 4 == 0 and all(data_address(a) % 16 == 0 for a in buffers) else 1
-        self._launch("sgd", f"sgd_momentum<{vector}>", _elementwise_grid(n // vector, self.multiprocessors),
-                     (THREADS,), (w, g, u, _ptr(decay), numpy.int32(n), numpy.float32(lr), numpy.float32(momentum),
-                                  numpy.float32(grad_scale), numpy.int32(bool(nesterov)), numpy.int32(bool(rate_inside)),
-                                  numpy.float32(velocity_scale)))
+        grid = _elementwise_grid(n // vector, self.multiprocessors)
+        flags = numpy.int32(bool(nesterov)), numpy.int32(bool(rate_inside))
+        if self._sgd_scalars is None:
+            self._launch("sgd", f"sgd_momentum<{vector}>", grid, (THREADS,),
+                         (w, g, u, _ptr(decay), numpy.int32(n), numpy.float32(lr), numpy.float32(momentum),
+                          numpy.float32(grad_scale), *flags, numpy.float32(velocity_scale)))
+            return
+        scalars, launch = self._sgd_scalars
+        self._sgd_updates += 1
+        if launch:
+            self._launch("sgd", f"sgd_momentum_scalars<{vector}>", grid, (THREADS,),
+                         (w, g, u, _ptr(decay), numpy.int32(n), scalars, numpy.float32(momentum), *flags))
+        else:
+            self._launch("sgd", "sgd_store_scalars", (1,), (1,),
+                         (scalars, numpy.float32(lr), numpy.float32(grad_scale), numpy.float32(velocity_scale)))
+
+    @contextlib.contextmanager
+    def sgd_scalars(self, scalars, launch):
+        """Inside, `sgd_momentum_update` takes lr, grad_scale and velocity_scale through the
+        device array `scalars` (float32, 3 elements) instead of its arguments, which a CUDA graph
+        would freeze at capture: with launch=True it launches the update that reads them there
+        when it runs (what the graph captures); with launch=False it stores its arguments there
+        and updates nothing (before each replay). Exactly one update must be asked for inside."""
+        if self._sgd_scalars is not None:
+            raise RuntimeError("sgd_scalars() does not nest")
+        if scalars.dtype != numpy.float32 or scalars.size != 3:
+            raise TypeError("sgd_scalars() takes a float32 device array of 3 elements")
+        self._sgd_scalars, self._sgd_updates = (scalars, launch), 0
+        try:
+            yield
+        finally:
+            self._sgd_scalars = None
+        if self._sgd_updates != 1:
+            raise RuntimeError(f"one SGD update was expected inside sgd_scalars(), not {self._sgd_updates}: "
+                               "only an optimizer built on sgd_momentum_update can be replayed from a graph")
+
+    # ---- bf16 (--amp) --------------------------------------------------------------------------
+    def cast(self, x, dtype, out=None):
+        """x as float32 or bf16 (BF16 bits): to bf16 rounds to nearest even, to float32 is exact."""
+        if x.dtype == dtype and out is None:
+            return x
+        names = {(numpy.dtype(numpy.float32), numpy.dtype(BF16)): "float_to_bf16",
+                 (numpy.dtype(BF16), numpy.dtype(numpy.float32)): "bf16_to_float"}
+        name = names.get((x.dtype, numpy.dtype(dtype)))
+        if name is None:
+            raise TypeError(f"the cast kernels convert between float32 and bf16, not {x.dtype} to {dtype}")
+        x = get_array_module(x).ascontiguousarray(x)
+        y = get_array_module(x).empty(x.shape, dtype=dtype) if out is None else out
+        if y.shape != x.shape or y.dtype != dtype:
+            raise ValueError(f"cast: out is {y.dtype} {y.shape}, {numpy.dtype(dtype)} {x.shape} expected")
+        self._launch("amp", name, _elementwise_grid(x.size, self.multiprocessors), (THREADS,),
+                     (x, y, numpy.int64(x.size)))
+        return y
+
+    def bf16_add(self, a, b):
+        """a + b of two bf16 arrays, summed in fp32 and rounded once."""
+        if a.dtype != BF16 or b.dtype != BF16 or a.shape != b.shape:
+            raise TypeError(f"bf16_add adds two bf16 arrays of one shape, not {a.dtype} {a.shape} "
+                            f"and {b.dtype} {b.shape}")
+        xp = get_array_module(a)
+        a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)
+        y = xp.empty_like(a)
+        self._launch("amp", "bf16_add", _elementwise_grid(a.size, self.multiprocessors), (THREADS,),
+                     (a, b, y, numpy.int64(a.size)))
+        return y
+
+    def bf16_shadow(self, master):
+        """The registered `Bf16Shadow` of the float32 buffer `master`, registered while it lives:
+        one per buffer, so that whoever refreshes it refreshes the copy the convolutions read."""
+        shadow = next((s for s in self._shadows if s.master is master), None)
+        if shadow is None:
+            shadow = Bf16Shadow(self, master)
+            self._shadows.add(shadow)
+        return shadow
+
+    def weight_like(self, data, w):
+        """The weight w in the data's type: for bf16 data and a float32 w, w's copy in a registered
+        shadow (nothing to compute), else a fresh cast."""
+        if data.dtype == w.dtype:
+            return w
+        if data.dtype != BF16:
+            raise TypeError(f"convolution of {data.dtype} data with a {w.dtype} weight")
+        for shadow in self._shadows:
+            view = shadow.view_of(w)
+            if view is not None:
+                return view
+        return self.cast(w, BF16)
 
     # ---- softmax cross-entropy -----------------------------------------------------------------
     def softmax_cross_entropy(self, logits, labels, smoothing):
         """(mean loss as a 0-d array, d loss / d logits) for integer labels."""
+        _require_float32(logits)
         xp = get_array_module(logits)
         n, k = logits.shape
         labels = xp.ascontiguousarray(labels, dtype=numpy.int64)
@@ -137,6 +269,7 @@ class Kernels:
     # ---- pooling -----------------------------------------------------------------------------
     def max_pool_forward(self, x, kernel, stride, padding):
         """(y, argmax): argmax holds each window's first maximum as r·kernel + s (uint8)."""
+        _require_float32(x)
         xp = get_array_module(x)
         n, h, w, c = x.shape
         p, q = (h + 2 * padding - kernel) // stride + 1, (w + 2 * padding - kernel) // stride + 1
@@ -146,6 +279,7 @@ class Kernels:
         return y, argmax
 
     def max_pool_backward(self, gy, argmax, x_shape, kernel, stride, padding):
+        _require_float32(gy)
         xp = get_array_module(gy)
         n, h, w, c = x_shape
         gx = xp.empty(x_shape, dtype=gy.dtype)
@@ -154,6 +288,7 @@ class Kernels:
         return gx
 
     def global_avg_pool_forward(self, x):
+        _require_float32(x)
         xp = get_array_module(x)
         n, h, w, c = x.shape
         y = xp.empty((n, c), dtype=x.dtype)
@@ -162,6 +297,7 @@ class Kernels:
         return y
 
     def global_avg_pool_backward(self, gy, x_shape):
+        _require_float32(gy)
         xp = get_array_module(gy)
         n, h, w, c = x_shape
         gx = xp.empty(x_shape, dtype=gy.dtype)
@@ -248,6 +384,7 @@ class Kernels:
     def conv_forward(self, x, w, stride, padding):
         """y[n,p,q,k] = Σ_{r,s,c} x_pad[n, p·stride + r, q·stride + s, c] · w[k, r, s, c]."""
         xp = get_array_module(x)
+        w = self.weight_like(x, w)
         geometry = conv_geometry(x.shape, w.shape, stride, padding)
         n, _, _, c, k, _, _, p, q = geometry[:9]
         tile = self.conv_tile(x.dtype, c, k, (x, w))
@@ -258,6 +395,7 @@ class Kernels:
     def conv_grad_input(self, gy, w, x_shape, stride, padding):
         """dL/dx, one launch over stride² phases of the input pixels."""
         xp = get_array_module(gy)
+        w = self.weight_like(gy, w)
         geometry = conv_geometry(x_shape, w.shape, stride, padding)
         n, h, width, c, k = geometry[:5]
         tile = self.conv_tile(gy.dtype, c, k, (gy, w))

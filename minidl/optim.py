@@ -73,7 +73,6 @@ class FlatOptimizer:
         self.decay = self.flat.per_element(self.rates) if any(self.rates) else None
         xp = get_array_module(self.flat.data)
         self.velocity = xp.zeros_like(self.flat.data)
-        self._scratch = xp.empty_like(self.flat.data)  # reused every step
         self.previous_lr = None  # the rate of the last step, for updates with the rate inside v
 
     @staticmethod
@@ -113,7 +112,7 @@ class SGD(FlatOptimizer):
         if rate_inside and self.momentum_correction and self.previous_lr not in (None, self.lr):
             correction = self.lr / self.previous_lr
         self.previous_lr = self.lr
-        sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, self._scratch, self.lr,
+        sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, self.lr,
                             self.momentum, self.grad_scale, self.decay, self.nesterov, rate_inside, correction)
 
 
@@ -139,6 +138,7 @@ class LARS(FlatOptimizer):
         self.tensor_index = xp.asarray(index)
         self.scaled = xp.asarray([not self.is_exempt(p) for p in self.flat.params] + [False])
         self.tensor_decay = xp.asarray(self.rates + [0.0], dtype=numpy.float64)
+        self._scratch = xp.empty_like(self.flat.data)  # reused every step
 
     def tensor_norms(self, values):
         """‖values_l‖ for every tensor l (and the padding, last)."""

@@ -18,6 +18,14 @@ augmentation come from (seed, epoch, index), so a resumed run — mid-epoch incl
 continues exactly where the checkpoint was taken (bit for bit on CPU with the same world size).
 SIGTERM/SIGINT finish the current step, write a checkpoint and return; a non-finite loss
 saves a diagnostic checkpoint beside the regular ones and stops with an error.
+
+GPU only: `--amp` computes the activations in bf16 (minidl.backend's dtype policy); with
+`--cuda-graph` a single-process SGD run replays each step from a CUDA graph (minidl.graph): the
+step never waits for the device, its loss stays there and is read every --print-freq steps and
+at the epoch's end, so a non-finite loss stops the run at the next such check, with the state
+after it in the diagnostic checkpoint; the time split then has no device synchronization
+either: the data wait, and the whole replayed step under "forward". Runs that cannot be
+captured (several processes, LARS, micro-batch accumulation) step eagerly and say so.
 """
 import dataclasses
 import json
@@ -30,16 +38,18 @@ from pathlib import Path
 import numpy
 from tqdm import tqdm
 
-from minidl import dist, nn, ops
+from minidl import dist, kernels, nn, ops
 from minidl.autograd import Tensor, no_grad
-from minidl.backend import on_gpu, synchronize, to_numpy, xp
+from minidl.backend import autocast, on_gpu, synchronize, to_numpy, xp
 from minidl.checkpoint import (CheckpointDir, check_compatible, load_checkpoint, restore_training_state,
                                training_state)
 from minidl.data import (DataLoader, DistributedSampler, build_transform, build_val_transform,
                          make_embedded_dataset, normalize, open_dataset)
 from minidl.data.embedded import EMBEDDED_CLASSES, TRAIN_PER_CLASS
+from minidl.device_step import DeviceStep
 from minidl.errors import UserError
 from minidl.fileio import append_json_line, write_bytes_atomic, write_json_atomic
+from minidl.graph import GraphedStep
 from minidl.models import MODELS
 from minidl.optim import LARS, SGD
 from minidl.preemption import StopRequest
@@ -112,6 +122,10 @@ class Trainer:
         dist.broadcast_state(comm, self.model.state_dict().values())
         self.optimizer = build_optimizer(config, self.model, math.lcm(1024, self.allreduce.alignment))
         self.reducer = dist.GradientReducer(self.allreduce, self.optimizer.flat, config.bucket_mb)
+        # --amp: the bf16 copy of the weights that the convolutions read, refreshed before each forward
+        self.shadow = kernels.device().bf16_shadow(self.optimizer.flat.data) if config.amp else None
+        self.device_step = self._device_step_to_capture()  # None: every step runs eagerly
+        self.graphed, self.nonfinite_seen = None, 0  # the captured step of this micro-batch size
         self.train_transform = build_transform(config.augment, config.train_crop_size)
         val_sampler = DistributedSampler(len(self.val_set), comm.rank, comm.size, shuffle=False, pad=False)
         self.val_loader = DataLoader(self.val_set, self.plan(0).micro_batch,
@@ -119,7 +133,7 @@ class Trainer:
                                      workers=config.workers, sampler=val_sampler, to_device=on_gpu)
         self.train_loader = None
         self.checkpoints = CheckpointDir(config.output_dir, config.keep_checkpoints)
-        self.timer = StepTimer(synchronize)
+        self.timer = StepTimer(synchronize if self.device_step is None else lambda: None)
         # the position: epoch, steps done in it, optimizer steps done in all; this epoch's sums
         self.epoch, self.step, self.iteration = 0, 0, 0
         self.totals = self._fresh_totals()
@@ -166,6 +180,7 @@ class Trainer:
 
     def state(self):
         """(arrays, meta) of the whole run at this position. Collective: every rank calls."""
+        self.settle_device_totals()
         arrays, meta = training_state(self.model, self.optimizer)
         ranks = self.comm.allgather_object({"totals": self.totals, "buffers": {
             name: to_numpy(array) for name, array in self.model.named_buffers()}})
@@ -200,8 +215,39 @@ class Trainer:
 
     # --- training --------------------------------------------------------------------------
 
+    def notice(self, message):
+        if self.is_root:
+            print(f"minidl: {message}", flush=True)
+
+    def _device_step_to_capture(self):
+        """--cuda-graph: the DeviceStep the graphs capture, or None where the run steps eagerly."""
+        if not self.config.cuda_graph:
+            return None
+        if self.comm.size > 1 or self.config.opt != "sgd":
+            why = f"{self.comm.size} processes" if self.comm.size > 1 else f"--opt {self.config.opt}"
+            self.notice(f"--cuda-graph captures single-process SGD runs; with {why} every step runs eagerly")
+            return None
+        return DeviceStep(self.model, self.optimizer, self.config.label_smoothing, self.config.amp, self.reducer)
+
+    def graph_for(self, plan):
+        """The captured step for this epoch's micro-batch, or None: its steps run eagerly."""
+        if self.device_step is None:
+            return None
+        if plan.accum_steps > 1:
+            self.notice(f"--cuda-graph: epoch {self.epoch + 1} accumulates {plan.accum_steps} micro-batches per "
+                        "step, which is not captured: its steps run eagerly")
+            return None
+        shape = (plan.micro_batch, *self.train_transform.output_shape)
+        if self.graphed is None or self.graphed.images.shape != shape:
+            self.graphed = None  # the old graph's memory goes back before the new one's is taken
+            self.graphed = GraphedStep(self.device_step, self.optimizer, shape)
+        return self.graphed
+
     def forward_loss(self, images, labels):
-        logits = self.model(Tensor(normalize(images, xp)))
+        if self.shadow is not None:
+            self.shadow.refresh()  # the weights as the last update left them
+        with autocast(self.config.amp):
+            logits = self.model(Tensor(normalize(images, xp)))
         return logits, ops.softmax_cross_entropy(logits, xp.asarray(labels), self.config.label_smoothing)
 
     def train_step(self, batches, plan, steps):
@@ -228,6 +274,34 @@ class Trainer:
         timer.mark("allreduce")
         return nonfinite
 
+    def graph_train_step(self, graphed, batches, steps):
+        """One optimizer step replayed from its CUDA graph, update included; returns whether a
+        non-finite loss was seen since the last check (only every --print-freq steps and at the
+        epoch's end: the check waits for the device)."""
+        self.optimizer.lr = self.schedule(self.epoch + self.step / steps)
+        self.timer.start()
+        images, labels = next(batches)
+        self.timer.mark("data")
+        if len(labels):
+            graphed(images, labels)
+            self.totals["images"] += len(labels)
+        else:  # every image was undecodable: the update still happens, from no gradient, as eagerly
+            self.optimizer.zero_grad()
+            self.optimizer.step()
+        self.timer.mark("forward")
+        if (self.step + 1) % self.config.print_freq and self.step + 1 < steps:
+            return False
+        self.settle_device_totals()
+        seen, self.nonfinite_seen = self.nonfinite_seen, 0
+        return seen > 0
+
+    def settle_device_totals(self):
+        """Move the loss summed on the device into the totals (a wait for the device)."""
+        if self.device_step is not None:
+            loss_sum, nonfinite = self.device_step.take_totals()
+            self.totals["loss_sum"] += loss_sum
+            self.nonfinite_seen += nonfinite
+
     def train_epoch(self, stop):
         """Train from the current position to the end of the epoch, or until asked to stop.
         Returns True when the epoch is complete."""
@@ -241,19 +315,26 @@ class Trainer:
         loader.set_epoch(self.epoch, start_batch=self.step * plan.accum_steps)
         self.optimizer.grad_scale = 1.0 / (comm.size * plan.accum_steps)
         self.model.train()
+        graphed = self.graph_for(plan)
         batches, skipped_before = iter(loader), self.totals["skipped"]
         window_start, window_images = time.perf_counter(), 0
         bar = tqdm(total=steps, initial=self.step, desc=f"epoch {self.epoch + 1}/{config.epochs}", unit="step",
                    leave=False, dynamic_ncols=True, disable=not self.is_root)
         while self.step < steps:
-            nonfinite, stopping = self.any_rank(self.train_step(batches, plan, steps), stop.requested is not None)
+            nonfinite = (self.train_step(batches, plan, steps) if graphed is None
+                         else self.graph_train_step(graphed, batches, steps))
+            nonfinite, stopping = self.any_rank(nonfinite, stop.requested is not None)
             self.totals["skipped"] = skipped_before + loader.skipped
             if nonfinite:
                 path = self.save_checkpoint(diagnostic=True)
-                raise TrainingStopped(f"non-finite loss at iteration {self.iteration + 1} (epoch {self.epoch + 1}, "
-                                      f"step {self.step + 1}); the state before it is saved in {path}: lower --lr "
-                                      f"or lengthen the warmup, then --resume from the last regular checkpoint")
-            self.optimizer.step()
+                where = (f"at iteration {self.iteration + 1} (epoch {self.epoch + 1}, step {self.step + 1}); "
+                         f"the state before it" if graphed is None else
+                         f"by iteration {self.iteration + 1} (epoch {self.epoch + 1}, step {self.step + 1}; "
+                         f"--cuda-graph checks every --print-freq steps); the state after it")
+                raise TrainingStopped(f"non-finite loss {where} is saved in {path}: lower --lr or lengthen the "
+                                      f"warmup, then --resume from the last regular checkpoint")
+            if graphed is None:  # a replayed step has updated the weights already
+                self.optimizer.step()
             self.timer.mark("optimizer")
             self.timer.end_step()
             self.step += 1

@@ -1,11 +1,12 @@
-"""Shared test helpers: finite-difference gradient checks and NHWC/KRSC <-> torch conversions.
+"""Shared test helpers: finite-difference gradient checks, NHWC/KRSC <-> torch conversions, and
+the residual blocks as written with unfused ops (the oracle of the fused ones).
 
-Everything here runs in float64 on NumPy: the oracles are central finite differences and
-PyTorch on the CPU, never minidl itself.
+The oracles run in float64 on NumPy: central finite differences and PyTorch on the CPU, never
+minidl itself (the unfused blocks also serve the GPU checks of tests/kernels).
 """
 import numpy as np
 
-from minidl import Tensor, no_grad
+from minidl import Tensor, no_grad, ops
 
 
 def rng(seed=0):
@@ -123,3 +124,18 @@ def copy_to_torch(minidl_module, torch_module):
     torch_module.load_state_dict(converted, strict=False)
     for name in theirs:
         assert torch.equal(torch_module.state_dict()[name], converted[name]), name
+
+
+# --- the residual blocks without fused ops ------------------------------------------------------
+
+def unfused_block_forward(block, x):
+    """A BasicBlock's or Bottleneck's forward written with the unfused ops, as the blocks were
+    before minidl.ops.fused: every BN, ReLU and addition its own op (float data only)."""
+    out = ops.relu(block.bn1(block.conv1(x)))
+    if hasattr(block, "conv3"):
+        out = ops.relu(block.bn2(block.conv2(out)))
+        out = block.bn3(block.conv3(out))
+    else:
+        out = block.bn2(block.conv2(out))
+    identity = x if block.downsample is None else block.downsample(x)
+    return ops.relu(ops.add(out, identity))

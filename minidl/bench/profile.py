@@ -2,7 +2,9 @@
 
 Timing wraps the `forward` and `backward` of each Function subclass for the duration of the
 measurement and restores them after; on a GPU each call synchronizes first, so the figures
-are per-operation device times (and the step itself runs slower while profiled).
+are per-operation device times (and the step itself runs slower while profiled). A Function
+called inside another one's forward or backward (a fused op composing the unfused ones on the
+CPU) is charged to the outer one only, so the shares add up.
 """
 import collections
 import contextlib
@@ -29,6 +31,7 @@ def op_timer():
     """Yield a dict "Op.forward" -> total seconds, filled while the context is open."""
     totals = collections.defaultdict(float)
     originals = []
+    depth = [0]  # timed calls in progress
     for cls in set(_subclasses(Function)):
         for name in ("forward", "backward"):
             if name not in vars(cls):
@@ -37,9 +40,15 @@ def op_timer():
             originals.append((cls, name, original))
 
             def timed(self, *args, _original=original, _key=f"{cls.__name__}.{name}"):
-                start = _now()
-                result = _original(self, *args)
-                totals[_key] += _now() - start
+                if depth[0]:
+                    return _original(self, *args)
+                depth[0] += 1
+                try:
+                    start = _now()
+                    result = _original(self, *args)
+                    totals[_key] += _now() - start
+                finally:
+                    depth[0] -= 1
                 return result
             setattr(cls, name, timed)
     try:

@@ -5,8 +5,11 @@ Both frameworks get the same model (PyTorch's is the plain-torch twin in torch_r
 batch, input size and thread count; their steps alternate so that both see the same machine
 state, and the medians after warm-up are compared as img/s. Peak memory is measured in a
 fresh subprocess per framework (peak RSS above the RSS after imports on CPU; the memory-pool
-high-water mark on GPU). On GPU PyTorch runs eager with cuDNN, channels_last and bf16 autocast (minidl in fp32 until
-its bf16 path lands, so the GPU ratio is a lower bound).
+high-water mark on GPU, the CUDA graph's private pool included). On GPU PyTorch runs eager with
+cuDNN, channels_last and bf16 autocast; minidl runs in fp32 unless `--amp` (bf16 activations,
+the like-for-like comparison), and `--cuda-graph` replays its whole step from a CUDA graph. With
+either flag minidl's step is the trainer's device step (minidl.device_step: a uint8 batch
+normalized on the device, the loss kept there).
 `--profile` adds where minidl's step time goes, per operation.
 """
 import argparse
@@ -32,6 +35,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--profile", action="store_true", help="print minidl's time per operation")
+    p.add_argument("--amp", action="store_true", help="minidl in bf16 (GPU only)")
+    p.add_argument("--cuda-graph", action="store_true", help="replay minidl's step from a CUDA graph (GPU only)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.add_argument("--memory-of", choices=("minidl", "torch"), help=argparse.SUPPRESS)  # the subprocess mode
     return p.parse_args(argv)
@@ -53,6 +58,8 @@ def minidl_step(args):
     model = MODELS[args.model](num_classes=NUM_CLASSES)
     optimizer = SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     rng = numpy.random.default_rng(0)
+    if args.amp or args.cuda_graph:
+        return minidl_device_step(args, model, optimizer, rng)
     x = Tensor(xp.asarray(rng.standard_normal((args.batch_size, args.image_size, args.image_size, 3),
                                               dtype=numpy.float32)))
     labels = xp.asarray(rng.integers(0, NUM_CLASSES, args.batch_size))
@@ -62,6 +69,26 @@ def minidl_step(args):
         ops.softmax_cross_entropy(model(x), labels).backward()
         optimizer.step()
         synchronize(args.device)
+    return step
+
+
+def minidl_device_step(args, model, optimizer, rng):
+    """--amp / --cuda-graph: minidl.device_step's step on a fixed uint8 batch, replayed from a
+    CUDA graph with --cuda-graph. The closure's `pools`: the memory pools its step draws from."""
+    import cupy
+    import numpy
+    from minidl.device_step import DeviceStep
+    from minidl.graph import GraphedStep
+    images = cupy.asarray(rng.integers(0, 256, (args.batch_size, args.image_size, args.image_size, 3),
+                                       dtype=numpy.uint8))
+    labels = cupy.asarray(rng.integers(0, NUM_CLASSES, args.batch_size))
+    device_step = DeviceStep(model, optimizer, amp=args.amp)
+    graphed = GraphedStep(device_step, optimizer, images.shape) if args.cuda_graph else None
+
+    def step():
+        (graphed or device_step)(images, labels)
+        synchronize(args.device)
+    step.pools = [cupy.get_default_memory_pool()] + ([graphed.cuda.pool] if graphed else [])
     return step
 
 
@@ -112,38 +139,40 @@ def peak_memory_mb(args, framework):
     """Run a few steps of one framework in a fresh process; its peak memory in MB."""
     command = [sys.executable, "-m", "minidl.bench", "step", "--model", args.model, "--batch-size",
                str(args.batch_size), "--image-size", str(args.image_size), "--device", args.device,
-               "--memory-of", framework]
+               "--memory-of", framework] + ["--amp"] * args.amp + ["--cuda-graph"] * args.cuda_graph
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
 
 
 def report_own_memory(args):
     """The subprocess side of peak_memory_mb: print this process's peak for 3 steps."""
-    import resource
     threads = thread_count(args)  # imports minidl (and NumPy) before the baseline
     if args.memory_of == "torch":
         import torch  # noqa: F401  (the library's own footprint is not the step's)
-    baseline_kb = rss_kb()
+    baseline_kb = memory_kb("VmRSS")
     step = minidl_step(args) if args.memory_of == "minidl" else torch_step(args, threads)
     for _ in range(3):
         step()
     if args.device == "gpu":
-        print(gpu_pool_mb(args.memory_of))
-    else:
-        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline_kb) / 1024)
+        print(gpu_pool_mb(args.memory_of, step))
+    else:  # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent at fork
+        print((memory_kb("VmHWM") - baseline_kb) / 1024)
 
 
-def rss_kb():
+def memory_kb(field):
+    """This process's resident memory (VmRSS) or its peak since exec (VmHWM), in KiB."""
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+        return next(int(line.split()[1]) for line in status if line.startswith(f"{field}:"))
 
 
-def gpu_pool_mb(framework):
+def gpu_pool_mb(framework, step):
+    """PyTorch's peak reservation, or the size of the pools minidl's `step` draws from (each
+    keeps its high-water mark)."""
     if framework == "torch":
         import torch
         return torch.cuda.max_memory_reserved() / 2**20
     import cupy
-    return cupy.get_default_memory_pool().total_bytes() / 2**20  # the pool keeps its high-water mark
+    return sum(pool.total_bytes() for pool in getattr(step, "pools", [cupy.get_default_memory_pool()])) / 2**20
 
 
 def thread_count(args):
@@ -162,15 +191,23 @@ def main(argv):
     if args.memory_of:
         report_own_memory(args)
         return 0
+    from minidl.backend import require_gpu
     from minidl.errors import UserError
     from minidl.models import MODELS
     if args.model not in MODELS:
         raise UserError(f"unknown model {args.model!r}: choose one of {', '.join(MODELS)}")
+    for flag, wanted in (("--amp", args.amp), ("--cuda-graph", args.cuda_graph)):
+        if wanted:
+            require_gpu(flag)
+    if args.profile and args.cuda_graph:
+        raise UserError("--profile times each operation from Python, which a replayed CUDA graph does not run: "
+                        "drop --profile or --cuda-graph")
     threads = thread_count(args)
     steps = [minidl_step(args)] + ([torch_step(args, threads)] if args.vs_torch else [])
     seconds = measure(steps, args.warmup, args.iters)
     result = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
-              "device": args.device, "threads": threads, "minidl_step_ms": 1e3 * seconds[0],
+              "device": args.device, "amp": args.amp, "cuda_graph": args.cuda_graph, "threads": threads,
+              "minidl_step_ms": 1e3 * seconds[0],
               "minidl_img_per_s": args.batch_size / seconds[0], "minidl_peak_mb": peak_memory_mb(args, "minidl")}
     if os.environ.get(UNSET_NOTE):
         result["unset_env"] = os.environ[UNSET_NOTE].split(",")
@@ -190,8 +227,9 @@ def main(argv):
 
 
 def print_table(result):
+    flags = "".join(f", {name}" for name in ("amp", "cuda_graph") if result[name])
     print(f"{result['model']}, batch {result['batch_size']}, {result['image_size']}x{result['image_size']}, "
-          f"{result['device']}, {result['threads']} threads")
+          f"{result['device']}{flags}, {result['threads']} threads")
     if "unset_env" in result:
         print(f"(unset for this benchmark: {', '.join(result['unset_env'])})")
     print(f"{'':8}{'img/s':>10}{'step ms':>10}{'peak MB':>10}")

@@ -11,6 +11,12 @@ option B), the same kind of shortcut as the ImageNet models.
 Initialization (Goyal et al.): He normal (fan_out) for convolutions, γ = 1 and β = 0 for BN,
 N(0, 0.01) for the classifier's weight and 0 for its bias; with `zero_init_residual` the
 last BN of every residual block starts at γ = 0, so each block starts as the identity.
+
+Every BN that a ReLU follows is fused with it, and a block ends in one fused BN+add+ReLU
+(minidl.ops.fused: one kernel sequence on a GPU, the unfused arithmetic elsewhere). Under
+--amp (minidl.backend.autocast) the residual stages run in bf16: the activations are cast after
+the stem's pooling and back to float32 before the average pool and the classifier, and each
+block gives its input to its two branches through `ops.fork`.
 """
 import math
 
@@ -23,6 +29,14 @@ def conv3x3(in_channels, out_channels, stride=1):
 
 def conv1x1(in_channels, out_channels, stride=1):
     return nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False)
+
+
+def bn_relu(bn, x, residual=None):
+    """relu(bn(x) [+ residual]) as one fused op, with the BatchNorm2d module's parameters and state."""
+    state = bn.running_mean, bn.running_var, bn.training, bn.momentum, bn.eps, bn.group_size
+    if residual is None:
+        return ops.batch_norm_relu(x, bn.weight, bn.bias, *state)
+    return ops.batch_norm_add_relu(x, residual, bn.weight, bn.bias, *state)
 
 
 def shortcut(in_channels, out_channels, stride):
@@ -48,10 +62,10 @@ class BasicBlock(nn.Module):
         return self.bn2
 
     def forward(self, x):
-        out = ops.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return ops.relu(ops.add(out, identity))
+        x, shortcut_input = ops.fork(x)
+        out = bn_relu(self.bn1, self.conv1(x))
+        identity = shortcut_input if self.downsample is None else self.downsample(shortcut_input)
+        return bn_relu(self.bn2, self.conv2(out), residual=identity)
 
 
 class Bottleneck(nn.Module):
@@ -72,20 +86,20 @@ class Bottleneck(nn.Module):
         return self.bn3
 
     def forward(self, x):
-        out = ops.relu(self.bn1(self.conv1(x)))
-        out = ops.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return ops.relu(ops.add(out, identity))
+        x, shortcut_input = ops.fork(x)
+        out = bn_relu(self.bn1, self.conv1(x))
+        out = bn_relu(self.bn2, self.conv2(out))
+        identity = shortcut_input if self.downsample is None else self.downsample(shortcut_input)
+        return bn_relu(self.bn3, self.conv3(out), residual=identity)
 
 
 class ResNet(nn.Module):
-    """Stem, stages of residual blocks, global average pool, classifier."""
+    """Stem (conv1, bn1 + ReLU, optional max pool), stages of residual blocks, global average
+    pool, classifier."""
 
     def __init__(self, stem, block, stage_planes, stage_blocks, num_classes, zero_init_residual):
         super().__init__()
-        for name, module in stem:
-            setattr(self, name, module)
+        self.conv1, self.bn1, self.maxpool = stem
         in_channels = stage_planes[0]
         for index, (planes, blocks) in enumerate(zip(stage_planes, stage_blocks)):
             stride = 1 if index == 0 else 2
@@ -94,7 +108,6 @@ class ResNet(nn.Module):
                 stage.append(block(in_channels, planes, stride if b == 0 else 1))
                 in_channels = planes * block.expansion
             setattr(self, f"layer{index + 1}", nn.Sequential(*stage))
-        self.stem_names = [name for name, _ in stem]
         self.num_stages = len(stage_planes)
         self.avgpool = nn.GlobalAvgPool()
         self.fc = nn.Linear(in_channels, num_classes)
@@ -111,20 +124,24 @@ class ResNet(nn.Module):
         self.fc.bias.data[...] = 0
 
     def forward(self, x):
-        for name in self.stem_names:
-            x = getattr(self, name)(x)
+        x = bn_relu(self.bn1, self.conv1(x))
+        if self.maxpool is not None:
+            x = self.maxpool(x)
+        x = ops.to_compute_dtype(x)  # the stem stays float32: 3 input channels, float32 pooling kernels
         for index in range(self.num_stages):
             x = getattr(self, f"layer{index + 1}")(x)
-        return self.fc(self.avgpool(x))
+        return self.fc(self.avgpool(ops.to_float(x)))
 
 
 def imagenet_stem():
-    return [("conv1", nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)), ("bn1", nn.BatchNorm2d(64)),
-            ("relu", nn.ReLU()), ("maxpool", nn.MaxPool2d(3, stride=2, padding=1))]
+    """(conv1, bn1, maxpool)"""
+    conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+    return conv1, nn.BatchNorm2d(64), nn.MaxPool2d(3, stride=2, padding=1)
 
 
 def cifar_stem():
-    return [("conv1", conv3x3(3, 16)), ("bn1", nn.BatchNorm2d(16)), ("relu", nn.ReLU())]
+    """(conv1, bn1, no pooling)"""
+    return conv3x3(3, 16), nn.BatchNorm2d(16), None
 
 
 def _imagenet_resnet(block, stage_blocks):

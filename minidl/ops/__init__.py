@@ -4,11 +4,13 @@ These run on NumPy and CuPy alike and are the oracle for the CUDA kernels.
 """
 from minidl.autograd import add
 from minidl.ops.activation import relu
+from minidl.ops.cast import fork, to_compute_dtype, to_float
 from minidl.ops.conv import conv2d
+from minidl.ops.fused import batch_norm_add_relu, batch_norm_relu
 from minidl.ops.linear import linear
 from minidl.ops.loss import softmax_cross_entropy
 from minidl.ops.norm import batch_norm
 from minidl.ops.pool import global_avg_pool, max_pool2d
 
-__all__ = ["add", "batch_norm", "conv2d", "global_avg_pool", "linear", "max_pool2d", "relu",
-           "softmax_cross_entropy"]
+__all__ = ["add", "batch_norm", "batch_norm_add_relu", "batch_norm_relu", "conv2d", "fork", "global_avg_pool",
+           "linear", "max_pool2d", "relu", "softmax_cross_entropy", "to_compute_dtype", "to_float"]

@@ -5,30 +5,30 @@ channels last, one window row (r, s, c) is exactly one row of the weight matrix 
 so `cols (N·P·Q, R·S·C) @ w.T` gives the output directly in NHWC order. A 1×1 stride-1
 convolution needs no im2col at all: it is a plain product of the activation matrix.
 
-Backward: grad-weight = dy.T @ cols; cols are rebuilt rather than kept (they are R·S times
-the input and would dominate memory). Grad-input of a stride-1 convolution is itself a
-convolution: dy padded by R−1−padding, with the kernel flipped and its in/out channels
-swapped. Strided convolutions use col2im(dy @ w) instead, adding each of the R·S window
-offsets back into the padded input with one strided slice each.
+Backward: cols are rebuilt rather than kept (they are R·S times the input and would dominate
+memory). Grad-input of a stride-1 convolution is itself a convolution: dy padded by
+R−1−padding, with the kernel flipped and its in/out channels swapped. The im2col of dy it
+builds also gives grad-weight (see `_grads_from_dy_windows`), so a stride-1 layer's backward
+makes one im2col per chunk, not two. Strided convolutions, and those whose kernel outweighs
+dy, use col2im(dy @ w) for grad-input instead, adding each of the R·S window offsets back into
+the input with one strided slice each, and grad-weight = dy.T @ cols.
 
 Every pass runs over chunks of images (minidl.parallel): each chunk's im2col block is
-consumed while still in cache, and the chunks run on all cores.
+consumed while still in cache, and the chunks run on all cores. The padded images and the
+im2col block of a chunk live in per-thread work arrays (minidl.workspace), reused every step.
+Where the whole batch is one chunk (the deep layers of an ImageNet ResNet: few pixels, large
+weights), the matrix product is split over column blocks instead, so it still uses all cores.
 """
-from minidl import kernels
+from minidl import kernels, workspace
 from minidl.autograd import Function
 from minidl.backend import get_array_module
-from minidl.parallel import run_chunks, sum_chunks
+from minidl.parallel import chunks, matmul, run_all, sum_in_order
+
+MIN_ROWS = 512  # a chunk's share of the rows of a product: fewer would re-read the weights for little work
 
 
 def output_size(size, kernel, stride, padding):
     return (size + 2 * padding - kernel) // stride + 1
-
-
-def pad_hw(x, padding, value=0.0):
-    if padding == 0:
-        return x
-    xp = get_array_module(x)
-    return xp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)), constant_values=value)
 
 
 def windows(x_padded, kernel_h, kernel_w, stride, out_h, out_w):
@@ -42,78 +42,173 @@ def windows(x_padded, kernel_h, kernel_w, stride, out_h, out_w):
 
 
 def im2col(x, kernel_h, kernel_w, stride, padding):
-    """The (N·P·Q, R·S·C) matrix of receptive fields (a view when the conv is 1×1, stride 1)."""
+    """The (N·P·Q, R·S·C) matrix of receptive fields, in a per-thread work array (a view of x
+    itself when the conv is 1×1, stride 1): valid until this thread's next im2col."""
     n, h, w, c = x.shape
     p, q = output_size(h, kernel_h, stride, padding), output_size(w, kernel_w, stride, padding)
-    if kernel_h == kernel_w == 1 and padding == 0:
-        return x[:, ::stride, ::stride, :].reshape(n * p * q, c)
-    return windows(pad_hw(x, padding), kernel_h, kernel_w, stride, p, q).reshape(n * p * q, -1)
+    if kernel_h == kernel_w == 1 and padding == 0 and stride == 1:
+        return x.reshape(n * h * w, c)
+    xp = get_array_module(x)
+    if padding:
+        padded = workspace.zero_bordered((n, h + 2 * padding, w + 2 * padding, c), padding, x)
+        padded[:, padding:padding + h, padding:padding + w, :] = x
+        x = padded
+    cols = workspace.scratch("im2col", (n * p * q, kernel_h * kernel_w * c), x)
+    xp.copyto(cols.reshape(n, p, q, kernel_h, kernel_w, c), windows(x, kernel_h, kernel_w, stride, p, q))
+    return cols
 
 
-def col2im(cols, x_shape, kernel_h, kernel_w, stride, padding):
-    """Adjoint of im2col: sum every window's entries back onto the (N, H, W, C) input."""
-    xp = get_array_module(cols)
-    n, h, w, c = x_shape
+def col2im_add(cols, dx, kernel_h, kernel_w, stride, padding):
+    """dx = the adjoint of im2col: every window's entries of cols summed onto the (N, H, W, C)
+    dx, one strided slice per window offset, clipped to the image (no padded copy)."""
+    n, h, w, c = dx.shape
     p, q = output_size(h, kernel_h, stride, padding), output_size(w, kernel_w, stride, padding)
     cols = cols.reshape(n, p, q, kernel_h, kernel_w, c)
-    dx = xp.zeros((n, h + 2 * padding, w + 2 * padding, c), dtype=cols.dtype)
+    dx.fill(0)
     for r in range(kernel_h):
+        rows = window_range(r - padding, stride, p, h)
         for s in range(kernel_w):
-            dx[:, r:r + stride * (p - 1) + 1:stride, s:s + stride * (q - 1) + 1:stride, :] += cols[:, :, :, r, s, :]
-    return dx[:, padding:padding + h, padding:padding + w, :]
+            columns = window_range(s - padding, stride, q, w)
+            if rows and columns:
+                dx[:, rows[1], columns[1], :] += cols[:, rows[0], columns[0], r, s, :]
 
 
-def _cols_bytes(p, q, w):
-    """Bytes of one image's (P·Q, R·S·C) column block: what a chunk keeps in cache."""
-    return p * q * w[0].size * w.itemsize
+def window_range(offset, stride, out_size, in_size):
+    """The outputs o whose input index offset + stride·o lies in range(in_size), as (slice of o,
+    slice of those input indexes); None where there are none. Window offset r of a padded
+    window reads input offset r − padding: this clips it to the image instead of padding it."""
+    first = max(0, -(offset // stride))
+    stop = min(out_size, (in_size - 1 - offset) // stride + 1)
+    if stop <= first:
+        return None
+    return slice(first, stop), slice(offset + stride * first, offset + stride * (stop - 1) + 1, stride)
+
+
+def _image_chunks(images, p, q, rsc, itemsize):
+    """Chunks of images whose (P·Q, R·S·C) column blocks take about CHUNK_BYTES (consumed while
+    in cache), and which give at least MIN_ROWS rows to their matrix product."""
+    return chunks(images, p * q * rsc * itemsize, min_items=-(-MIN_ROWS // (p * q)))
+
+
+def _over_chunks(chunk, pieces):
+    """Run chunk(start, stop, multiply) over the image chunks in parallel, multiply being the
+    matrix product to use: a plain one per chunk, or minidl.parallel.matmul (column blocks in
+    parallel) where all images make one chunk."""
+    if len(pieces) == 1:
+        return [chunk(*pieces[0], matmul)]
+    return run_all(chunk, pieces)
 
 
 def correlate(x, w, stride, padding):
     """The convolution itself: (N, H, W, C) * (K, R, S, C) -> (N, P, Q, K)."""
-    n, h, width, _ = x.shape
     k, r, s, _ = w.shape
-    p, q = output_size(h, r, stride, padding), output_size(width, s, stride, padding)
+    return _correlate(x, w.reshape(k, -1).T, r, s, stride, padding)
+
+
+def _correlate(x, w_t, kernel_h, kernel_w, stride, padding):
+    """The convolution with its weights as the (R·S·C, K) matrix w_t: row (r, s, c) holds the K
+    taps at that window position."""
+    n, h, width, _ = x.shape
+    p, q = output_size(h, kernel_h, stride, padding), output_size(width, kernel_w, stride, padding)
     if p <= 0 or q <= 0:
-        raise ValueError(f"conv2d: a {r}x{s} kernel does not fit a {h}x{width} input with padding {padding}")
+        raise ValueError(f"conv2d: a {kernel_h}x{kernel_w} kernel does not fit a {h}x{width} input with "
+                         f"padding {padding}")
     xp = get_array_module(x)
-    w_t = w.reshape(k, -1).T
-    y = xp.empty((n, p, q, k), dtype=xp.result_type(x, w))
+    k = w_t.shape[1]
+    y = xp.empty((n, p, q, k), dtype=xp.result_type(x, w_t))
 
-    def chunk(start, stop):
-        xp.matmul(im2col(x[start:stop], r, s, stride, padding), w_t, out=y[start:stop].reshape(-1, k))
+    def chunk(start, stop, multiply=xp.matmul):
+        multiply(im2col(x[start:stop], kernel_h, kernel_w, stride, padding), w_t, out=y[start:stop].reshape(-1, k))
 
-    run_chunks(chunk, n, _cols_bytes(p, q, w))
+    _over_chunks(chunk, _image_chunks(n, p, q, w_t.shape[0], w_t.itemsize))
     return y
 
 
-def grad_input(gy, w, x_shape, stride, padding):
-    """dL/dx: a stride-1 convolution of dy with the flipped, channel-swapped kernel where that
-    applies (stride 1, square kernel, padding < R), col2im of dy @ w otherwise."""
+def flipped_weights(w):
+    """The (R·S·K, C) weight matrix of grad-input as a convolution: row (r, s, k) holds
+    w[k, R−1−r, S−1−s, :]. One copy, contiguous runs of C (a view for 1×1 kernels)."""
+    k, r, s, c = w.shape
+    if r == s == 1:
+        return w.reshape(k, c)
+    return w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3).reshape(r * s * k, c)
+
+
+def _input_grad_is_correlation(gy, w, stride, padding):
+    """Whether grad-input goes as a stride-1 convolution of dy: where that applies (stride 1,
+    square kernel, padding < R) and pays: the flipped kernel is a copy (except for 1×1), cheap
+    where dy has more rows than the kernel has filters; col2im of dy @ w otherwise."""
     k, r, s, _ = w.shape
-    if stride == 1 and r == s and padding < r:
-        flipped = w[:, ::-1, ::-1, :].transpose(3, 1, 2, 0).copy()  # (C, R, S, K)
-        return correlate(gy, flipped, 1, r - 1 - padding)
+    return stride == 1 and r == s and padding < r and (r == 1 or gy.size // k > k)
+
+
+def grad_input(gy, w, x_shape, stride, padding):
+    """dL/dx (see _input_grad_is_correlation for the method)."""
+    if _input_grad_is_correlation(gy, w, stride, padding):
+        return _grads_from_dy_windows(gy, w, None, padding)[0]
     xp = get_array_module(gy)
-    n, h, width, c = x_shape
+    k, r, s, _ = w.shape
     w2d = w.reshape(k, -1)
     gx = xp.empty(x_shape, dtype=gy.dtype)
 
-    def chunk(start, stop):
-        cols = gy[start:stop].reshape(-1, k) @ w2d
-        gx[start:stop] = col2im(cols, (stop - start, h, width, c), r, s, stride, padding)
+    def chunk(start, stop, multiply=xp.matmul):
+        gy2d = gy[start:stop].reshape(-1, k)
+        cols = workspace.scratch("col2im", (gy2d.shape[0], w2d.shape[1]), gy)
+        multiply(gy2d, w2d, out=cols)
+        col2im_add(cols, gx[start:stop], r, s, stride, padding)
 
-    run_chunks(chunk, n, _cols_bytes(*gy.shape[1:3], w))
+    _over_chunks(chunk, _image_chunks(x_shape[0], *gy.shape[1:3], w2d.shape[1], w.itemsize))
     return gx
 
 
 def grad_weight(x, gy, w, stride, padding):
-    """dL/dw = Σ over chunks of dy_chunk.T @ cols_chunk, summed in chunk order."""
-    k, r, s, _ = w.shape
+    """dL/dw = Σ over chunks of dy_chunk.T @ cols_chunk, summed in chunk order. Over several
+    chunks each partial is taken transposed, cols_chunk.T @ dy_chunk: BLAS runs that shape
+    faster where K is small, and the sum is transposed once at the end."""
+    xp = get_array_module(x)
+    k, r, s, c = w.shape
+    pieces = _image_chunks(x.shape[0], *gy.shape[1:3], r * s * c, w.itemsize)
+    if len(pieces) == 1:
+        gw = xp.empty((k, r * s * c), dtype=xp.result_type(x, gy))
+        return matmul(gy.reshape(-1, k).T, im2col(x, r, s, stride, padding), gw).reshape(w.shape)
 
     def chunk(start, stop):
-        return gy[start:stop].reshape(-1, k).T @ im2col(x[start:stop], r, s, stride, padding)
+        return im2col(x[start:stop], r, s, stride, padding).T @ gy[start:stop].reshape(-1, k)
 
-    return sum_chunks(chunk, x.shape[0], _cols_bytes(*gy.shape[1:3], w)).reshape(w.shape)
+    return xp.ascontiguousarray(sum_in_order(run_all(chunk, pieces)).T).reshape(w.shape)
+
+
+def _grads_from_dy_windows(gy, w, x, padding):
+    """(dL/dx, dL/dw, or None where x is None) of a stride-1 convolution from ONE im2col of dy
+    per chunk: its row for input pixel (h, w) holds every dy that pixel contributed to, at
+    window position (r', s') = (R−1−r, S−1−s). So dx = cols @ flipped_weights(w), and
+    colsᵀ @ x, summed over chunks, is dL/dw with rows (r', s', k): flipped back at the end."""
+    xp = get_array_module(gy)
+    k, r, s, c = w.shape
+    n, p, q, _ = gy.shape
+    pad = r - 1 - padding
+    h, width = output_size(p, r, 1, pad), output_size(q, s, 1, pad)
+    w_flipped = flipped_weights(w)
+    gx = xp.empty((n, h, width, c), dtype=xp.result_type(gy, w))
+
+    def chunk(start, stop, multiply=xp.matmul):
+        cols = im2col(gy[start:stop], r, s, 1, pad)
+        multiply(cols, w_flipped, out=gx[start:stop].reshape(-1, c))
+        if x is not None:
+            x2d = x[start:stop].reshape(-1, c)
+            return multiply(cols.T, x2d, out=xp.empty((cols.shape[1], c), dtype=gx.dtype))
+
+    parts = _over_chunks(chunk, _image_chunks(n, h, width, r * s * k, w.itemsize))
+    if x is None:
+        return gx, None
+    gw = sum_in_order(parts).reshape(r, s, k, c)[::-1, ::-1].transpose(2, 0, 1, 3)
+    return gx, xp.ascontiguousarray(gw)
+
+
+def grads(gy, x, w, stride, padding, input_grad=True):
+    """(dL/dx or None where not input_grad, dL/dw) for Conv2d.backward."""
+    if input_grad and _input_grad_is_correlation(gy, w, stride, padding):
+        return _grads_from_dy_windows(gy, w, x, padding)
+    return grad_input(gy, w, x.shape, stride, padding) if input_grad else None, grad_weight(x, gy, w, stride, padding)
 
 
 class Conv2d(Function):
@@ -138,9 +233,8 @@ class Conv2d(Function):
             if self.inputs[0].requires_grad:
                 gx = gpu.conv_grad_input(gy, w, x.shape, self.stride, self.padding)
             gw = gpu.conv_grad_weight(x, gy, w.shape, self.stride, self.padding)
-        else:
-            gx = grad_input(gy, w, x.shape, self.stride, self.padding)
-            gw = grad_weight(x, gy, w, self.stride, self.padding)
+        else:  # as on the GPU: no grad-input for an input that needs none
+            gx, gw = grads(gy, x, w, self.stride, self.padding, self.inputs[0].requires_grad)
         if not self.has_bias:
             return gx, gw
         return gx, gw, gy.reshape(-1, w.shape[0]).sum(axis=0)

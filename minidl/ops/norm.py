@@ -7,15 +7,33 @@ Evaluation: normalize with the running statistics.
 Both modes reduce to one affine map per channel, y = x·scale + shift, so the forward pass
 never materializes x̂. The backward pass likewise folds into dx = gy·scale + x·c1 + c0 with
 per-channel c1, c0 (derivation in `backward`), needing only two reductions over the batch:
-Σ gy and Σ gy·x. The variance is two-pass (Σ (x − mean)²), safe where |mean| ≫ std.
+Σ gy and Σ gy·x.
 
 With channels last an NHWC tensor is an (N·H·W, C) matrix: every pass runs over chunks of
 its rows in parallel (minidl.parallel), and per-channel sums are products with a ones vector.
+The statistics take one pass over memory: each chunk's mean and Σ (x − mean)² come from two
+passes over the chunk while it is in cache (two-pass, safe where |mean| ≫ std), and the
+chunks' moments are merged in chunk order (Chan et al.'s pairwise update).
+
+Few channels make short rows, and NumPy pays per row for a per-channel operand: the matrix
+is viewed as (N·H·W/r, r·C) with rows of about WIDE_ROW elements (`widened`), the
+per-channel vectors repeated r times, and the sums of the r channel groups folded at the end.
 """
-from minidl import kernels
+import functools
+
+from minidl import kernels, workspace
 from minidl.autograd import Function
 from minidl.backend import get_array_module
-from minidl.parallel import map_rows, sum_rows
+from minidl.parallel import WIDE_ROW, map_rows, sum_rows
+
+
+def widened(a2):
+    """The (M, C) matrix a2 as an (M/r, r·C) view, r ≤ WIDE_ROW / C dividing M; and r."""
+    rows, channels = a2.shape
+    r = max(1, WIDE_ROW // channels)
+    while rows % r:
+        r -= 1
+    return a2.reshape(rows // r, r * channels), r
 
 
 def column_sums(a):
@@ -23,22 +41,54 @@ def column_sums(a):
     return get_array_module(a).ones(a.shape[0], dtype=a.dtype) @ a
 
 
-def column_dots(a, b):
-    """Σ over rows of a·b, per column."""
-    return get_array_module(a).einsum("ij,ij->j", a, b)
+def fold(sums, channels):
+    """Per-channel totals of sums over the r·C columns of a widened matrix."""
+    return sums.reshape(-1, channels).sum(axis=0)
 
 
-def affine(x2, scale, shift):
-    """x·scale + shift per channel, written into a new array chunk by chunk."""
+def moments(rows, channels):
+    """(count, mean, Σ (x − mean)²) per channel of one chunk of a widened matrix."""
+    xp = get_array_module(rows)
+    r = rows.shape[1] // channels
+    count = rows.shape[0] * r
+    mean = fold(column_sums(rows), channels) / count
+    centered = workspace.scratch("batch_norm", rows.shape, rows)
+    xp.subtract(rows, xp.tile(mean, r), out=centered)
+    centered *= centered
+    return count, mean, fold(column_sums(centered), channels)
+
+
+def merge_moments(a, b):
+    """The moments of two chunks together (Chan, Golub and LeVeque's pairwise update)."""
+    (count_a, mean_a, m2_a), (count_b, mean_b, m2_b) = a, b
+    count = count_a + count_b
+    delta = mean_b - mean_a
+    return count, mean_a + delta * (count_b / count), m2_a + m2_b + delta * delta * (count_a * count_b / count)
+
+
+def mean_and_variance(x2):
+    """Per-channel mean and biased variance of the (M, C) matrix x2, in one parallel pass."""
+    channels = x2.shape[1]
+    parts = map_rows(lambda rows: moments(rows, channels), widened(x2)[0])
+    count, mean, m2 = functools.reduce(merge_moments, parts)
+    return mean, m2 / count
+
+
+def affine(x2, scale, shift=None):
+    """x·scale (+ shift) per channel, written into a new array chunk by chunk."""
     xp = get_array_module(x2)
-    y = xp.empty_like(x2)
+    xw, r = widened(x2)
+    scale = xp.tile(scale, r)
+    shift = None if shift is None else xp.tile(shift, r)
+    y = xp.empty_like(xw)
 
     def chunk(x_rows, y_rows):
         xp.multiply(x_rows, scale, out=y_rows)
-        y_rows += shift
+        if shift is not None:
+            y_rows += shift
 
-    map_rows(chunk, x2, y)
-    return y
+    map_rows(chunk, xw, y)
+    return y.reshape(x2.shape)
 
 
 class BatchNorm(Function):
@@ -56,13 +106,7 @@ class BatchNorm(Function):
         x2 = x.reshape(-1, x.shape[-1])
         if self.training:
             count = x2.shape[0]
-            mean = sum_rows(column_sums, x2) / count
-
-            def squared_deviations(rows):
-                centered = rows - mean
-                return column_dots(centered, centered)
-
-            var = sum_rows(squared_deviations, x2) / count
+            mean, var = mean_and_variance(x2)
             if self.running_mean is not None:
                 self._update_running(mean, var * (count / max(count - 1, 1)))
         else:
@@ -88,23 +132,34 @@ class BatchNorm(Function):
         mean, inv_std, scale = self.mean, self.inv_std, self.scale
         count = gy2.shape[0]
         # dβ = Σ gy;  dγ = Σ gy·x̂ = inv_std·(Σ gy·x − mean·Σ gy)
-        gbeta, gy_dot_x = sum_rows(lambda g, x: xp.stack([column_sums(g), column_dots(g, x)]), gy2, x2)
+        (gyw, r), xw = widened(gy2), widened(x2)[0]
+        gbeta, gy_dot_x = (fold(sums, channels) for sums in sum_rows(_gradient_sums, gyw, xw))
         ggamma = inv_std * (gy_dot_x - mean * gbeta)
         if not self.training:  # the statistics are constants: dx = gy·scale
-            return affine(gy2, scale, 0).reshape(gy.shape), ggamma, gbeta
+            return affine(gy2, scale).reshape(gy.shape), ggamma, gbeta
         # dx = scale·(gy − dβ/M − x̂·dγ/M), with x̂ = (x − mean)·inv_std, regrouped as
         # dx = gy·scale + x·c1 + c0
         c1 = -scale * inv_std * ggamma / count
         c0 = -scale * gbeta / count - c1 * mean
-        gx = xp.empty_like(gy2)
+        scale, c1, c0 = (xp.tile(v, r) for v in (scale, c1, c0))
+        gx = xp.empty_like(gyw)
 
         def chunk(g, x, out):
+            x_c1 = workspace.scratch("batch_norm", x.shape, x)
             xp.multiply(g, scale, out=out)
-            out += x * c1
+            xp.multiply(x, c1, out=x_c1)
+            out += x_c1
             out += c0
 
-        map_rows(chunk, gy2, x2, gx)
+        map_rows(chunk, gyw, xw, gx)
         return gx.reshape(gy.shape), ggamma, gbeta
+
+
+def _gradient_sums(g, x):
+    """(Σ g, Σ g·x) over the rows of one chunk, per column."""
+    g_x = workspace.scratch("batch_norm", g.shape, g)
+    get_array_module(g).multiply(g, x, out=g_x)
+    return get_array_module(g).stack([column_sums(g), column_sums(g_x)])
 
 
 class GhostBatchNorm(Function):

@@ -1,22 +1,29 @@
 """Pooling over the spatial axes of NHWC tensors.
 
-Max pooling loops over the R·S offsets of the window, each a strided slice of the padded
-input, instead of reducing a 6-D window view: R·S full-array maximums are faster than one
-reduction over two non-contiguous axes. Backward sends each output's gradient to the FIRST
-maximum of its window in (r, s) order, as torch does, so ties (zeros after a ReLU) are
-routed the same way.
+Max pooling loops over the R·S offsets of the window, each a strided slice of the input,
+instead of reducing a 6-D window view: R·S full-array maximums are faster than one reduction
+over two non-contiguous axes. Each slice is clipped to the image (minidl.ops.conv.window_range)
+rather than padded with −∞: the same maximum, without a padded copy to make or keep. Backward
+sends each output's gradient to the FIRST maximum of its window in (r, s) order, as torch
+does, so ties (zeros after a ReLU) are routed the same way. Both directions run over chunks of
+images in parallel (minidl.parallel).
 """
 from minidl import kernels
 from minidl.autograd import Function
 from minidl.backend import get_array_module
-from minidl.ops.conv import output_size, pad_hw
+from minidl.ops.conv import output_size, window_range
+from minidl.parallel import map_rows
 
 
-def _offsets(kernel, stride, p, q):
-    """(r, s, slice_h, slice_w): each window offset as a strided slice of the padded input."""
+def _offsets(kernel, stride, padding, in_hw, out_hw):
+    """(output rows, input rows, output columns, input columns) as slices, for each window
+    offset (r, s) in order, clipped to the image."""
     for r in range(kernel):
+        rows = window_range(r - padding, stride, out_hw[0], in_hw[0])
         for s in range(kernel):
-            yield r, s, slice(r, r + stride * (p - 1) + 1, stride), slice(s, s + stride * (q - 1) + 1, stride)
+            columns = window_range(s - padding, stride, out_hw[1], in_hw[1])
+            if rows and columns:
+                yield rows[0], rows[1], columns[0], columns[1]
 
 
 class MaxPool2d(Function):
@@ -32,12 +39,17 @@ class MaxPool2d(Function):
         n, h, w, c = x.shape
         p = output_size(h, self.kernel, self.stride, self.padding)
         q = output_size(w, self.kernel, self.stride, self.padding)
-        x_padded = pad_hw(x, self.padding, value=-xp.inf)
-        y = None
-        for _, _, rows, cols in _offsets(self.kernel, self.stride, p, q):
-            window = x_padded[:, rows, cols, :]
-            y = window.copy() if y is None else xp.maximum(y, window, out=y)
-        self.x_padded, self.x_shape, self.y = x_padded, x.shape, y
+        y = xp.empty((n, p, q, c), dtype=x.dtype)
+        offsets = list(_offsets(self.kernel, self.stride, self.padding, (h, w), (p, q)))
+
+        def chunk(x, y):
+            y.fill(-xp.inf)
+            for out_rows, in_rows, out_cols, in_cols in offsets:
+                part = y[:, out_rows, out_cols, :]
+                xp.maximum(part, x[:, in_rows, in_cols, :], out=part)
+
+        map_rows(chunk, x, y)
+        self.x, self.y, self.offsets = x, y, offsets
         return y
 
     def backward(self, gy):
@@ -45,16 +57,19 @@ class MaxPool2d(Function):
             return kernels.device().max_pool_backward(gy, self.argmax, self.x_shape, self.kernel, self.stride,
                                                       self.padding)
         xp = get_array_module(gy)
-        _, p, q, _ = gy.shape
-        gx = xp.zeros(self.x_padded.shape, dtype=gy.dtype)
-        unclaimed = xp.ones(gy.shape, dtype=bool)
-        for _, _, rows, cols in _offsets(self.kernel, self.stride, p, q):
-            first_max = (self.x_padded[:, rows, cols, :] == self.y) & unclaimed
-            gx[:, rows, cols, :] += gy * first_max
-            unclaimed &= ~first_max
-        h, w = self.x_shape[1:3]
-        pad = self.padding
-        return gx[:, pad:pad + h, pad:pad + w, :]
+        gx = xp.empty(self.x.shape, dtype=gy.dtype)
+
+        def chunk(gy, x, y, gx):
+            gx.fill(0)
+            unclaimed = xp.ones(gy.shape, dtype=bool)
+            for out_rows, in_rows, out_cols, in_cols in self.offsets:
+                outputs = (slice(None), out_rows, out_cols)
+                first_max = (x[:, in_rows, in_cols, :] == y[outputs]) & unclaimed[outputs]
+                gx[:, in_rows, in_cols, :] += gy[outputs] * first_max
+                unclaimed[outputs] &= ~first_max
+
+        map_rows(chunk, gy, self.x, self.y, gx)
+        return gx
 
 
 class GlobalAvgPool(Function):

@@ -5,10 +5,10 @@ import shutil
 import pytest
 
 import emulator
-from minidl import kernels
+from minidl import backend, kernels
 
 EMULATED_MULTIPROCESSORS = 2  # small: grids and split-K take their multi-block paths on small shapes
-FAMILIES = ("conv", "batchnorm", "pool", "softmax_xent", "sgd")  # the slowest to compile first
+FAMILIES = ("conv", "batchnorm", "pool", "softmax_xent", "sgd", "amp")  # the slowest to compile first
 
 
 def source(family):
@@ -26,3 +26,15 @@ def emulated():
         pytest.skip(f"{emulator.CXX} not found: the CPU emulation of the kernels needs a C++20 compiler")
     emulator.build([(source(f), kernels.KERNELS[f]) for f in FAMILIES])
     return kernels.Kernels(emulated_module, EMULATED_MULTIPROCESSORS)
+
+
+@pytest.fixture
+def emulated_gpu(emulated, monkeypatch):
+    """minidl as on a GPU, its kernels emulated: kernels.device() is `emulated`, kernels.wants()
+    takes NumPy float32 and bf16 arrays (float64 ones keep the reference path: the oracles), and
+    backend.on_gpu is True (the GPU-only features check it)."""
+    monkeypatch.setattr(kernels, "device", lambda: emulated)
+    monkeypatch.setattr(kernels, "wants", lambda *arrays: all(a is None or a.dtype in kernels.KERNEL_DTYPES
+                                                              for a in arrays))
+    monkeypatch.setattr(backend, "on_gpu", True)
+    return emulated

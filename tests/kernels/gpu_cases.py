@@ -4,17 +4,23 @@
 
     python tests/kernels/gpu_cases.py --json FILE [--seconds S]
 
-Every kernel is checked against the reference ops (oracle.py; float64 references computed by
-the same ops on the GPU) on every distinct ResNet-50 layer shape at batch 32, in fp32 (the
-exact path), TF32 and bf16, with oracle.TOLERANCE per mode; then one whole ResNet-50 training
-step on the GPU against the same step on the CPU, where the error grows through 53 layers:
+First the bf16 and CUDA-graph path (issue 8; step_checks.py and oracle.py): the casts and the
+bf16 gradient sum, the SGD update through device scalars, the fused ops and fused ResNet-50
+blocks, a ResNet-50 step under --amp against the float32 step (its errors go into the report),
+steps replayed from a CUDA graph against eager ones, and train.py's loop with --cuda-graph.
+Then every kernel against the reference ops (oracle.py; float64 references computed by the
+same ops on the GPU) on every distinct ResNet-50 layer shape at batch 32, in fp32 (the exact
+path), TF32 and bf16, with oracle.TOLERANCE per mode; last one whole ResNet-50 training step on
+the GPU against the same step on the CPU, where the error grows through 53 layers:
 STEP_TOLERANCE.
 """
 import argparse
 import functools
+import inspect
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -25,13 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import oracle  # noqa: E402
-from minidl import backend, kernels  # noqa: E402
+import step_checks  # noqa: E402
+from minidl import backend, kernels, models, nn  # noqa: E402
 from minidl.bench.kernels import PARAMETERS_RESNET50, resnet50_batch_norms, resnet50_convs  # noqa: E402
+from minidl.models.resnet import Bottleneck  # noqa: E402
 
 BATCH = 32
 STEP_BATCH = int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16"))  # the CPU side of the step takes the time
 STEP_TOLERANCE = {"fp32": 2e-3, "tf32": 5e-2}
 FLAT_SIZE = -(-PARAMETERS_RESNET50 // 1024) * 1024  # the padded flat buffer
+AMP_BATCH = 16  # the bf16 and graph steps: both sides run on the GPU
 
 
 def device():
@@ -43,11 +52,66 @@ def conv_tile(mode, channels):
     return {"fp32": "SimtTile", "tf32": "Tf32Tile" if channels % 4 == 0 else "SimtTile", "bf16": "Bf16Tile"}[mode]
 
 
+def on_cupy(check):
+    """A step_checks check, called with the array module only, as a case check."""
+    def case(gpu, cupy, *args, **kwargs):
+        return check(cupy, *args, **kwargs)
+    signature = inspect.signature(check)
+    gpu = inspect.Parameter("gpu", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    case.__signature__ = signature.replace(parameters=[gpu, *signature.parameters.values()])
+    return case
+
+
+def seeded(build):
+    def seeded_build():
+        nn.manual_seed(0)
+        return build()
+    return seeded_build
+
+
+def resnet50():
+    return models.resnet50(num_classes=1000)
+
+
+def amp_cases():
+    """The bf16 and CUDA-graph path (issue 8), ResNet-50 shapes."""
+    found = [("bf16 casts 1M values", oracle.check_casts, (), {"n": 1 << 20}),
+             ("bf16 add 1M values", oracle.check_bf16_add, (), {"n": 1 << 20})]
+    for inside in (False, True):
+        found.append((f"sgd through device scalars {FLAT_SIZE} rate_inside={inside}", oracle.check_sgd_scalars,
+                      (FLAT_SIZE, inside), {}))
+    for mode, shape, residual, group_size in (("fp32", (BATCH, 112, 112, 64), False, None),
+                                              ("bf16", (BATCH, 56, 56, 256), True, None),
+                                              ("bf16", (BATCH, 28, 28, 512), True, 8)):
+        found.append((f"fused op {mode} {shape} residual={residual} groups={group_size}",
+                      on_cupy(step_checks.check_fused_op), (mode, shape, residual), {"group_size": group_size}))
+    for name, (in_channels, planes, stride, size) in {"layer1.0": (64, 64, 1, 56), "layer2.0": (256, 128, 2, 56),
+                                                      "layer3.1": (1024, 256, 1, 14)}.items():
+        build = functools.partial(Bottleneck, in_channels, planes, stride)
+        found.append((f"fused bottleneck {name} vs unfused", on_cupy(step_checks.check_fused_block),
+                      (seeded(build), (BATCH, size, size, in_channels), oracle.TOLERANCE["fp32"]), {}))
+    found.append((f"resnet50 amp step batch {AMP_BATCH} vs fp32", on_cupy(step_checks.check_amp_step),
+                  (seeded(resnet50), (AMP_BATCH, 224, 224, 3), 1000, step_checks.AMP_TOLERANCE["resnet50"]), {}))
+    for amp in (False, True):
+        found.append((f"resnet50 cuda graph replay vs eager batch {AMP_BATCH} amp={amp}",
+                      on_cupy(step_checks.check_graph_replay), (seeded(resnet50), (AMP_BATCH, 224, 224, 3), amp),
+                      {"steps": 5, "tolerance": 1e-5}))
+    found.append(("train.py loop --amp --cuda-graph vs --amp", check_training_with_graphs, (), {}))
+    return found
+
+
+def check_training_with_graphs(gpu, cupy):
+    with tempfile.TemporaryDirectory() as workdir:
+        summaries = step_checks.check_training_with_graphs(workdir)
+    return {"train_loss": [s["train_loss"] for s in summaries]}
+
+
 def cases():
-    """[(id, check, args, kwargs)] in the order the runner takes them: the kernels on every shape
-    first, the whole training step (its CPU side is the longest case) last. A check is called
-    as check(kernels, cupy, *args, **kwargs)."""
-    found = []
+    """[(id, check, args, kwargs)] in the order the runner takes them: the bf16 and CUDA-graph
+    path first, the kernels on every shape next, the whole training step (its CPU side is the
+    longest case) last. A check is called as check(kernels, cupy, *args, **kwargs); what it
+    returns goes into the report."""
+    found = amp_cases()
     for name, shape in resnet50_convs(BATCH).items():
         for mode in ("fp32", "tf32", "bf16"):
             if mode == "bf16" and shape[3] % 8:
@@ -145,8 +209,8 @@ def run(seconds):
             continue
         started = time.monotonic()
         try:
-            check(*device(), *args, **kwargs)
-            status, detail = "passed", ""
+            returned = check(*device(), *args, **kwargs)
+            status, detail = "passed", "" if returned is None else json.dumps(returned, default=repr)
         except AssertionError as error:
             status, detail = "failed", str(error)
         except Exception:  # noqa: BLE001 - a crash in one case must not lose the others

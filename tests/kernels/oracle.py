@@ -15,6 +15,7 @@ tf32    operands rounded to 10 mantissa bits (relative 2^-11 each): errors of ab
 bf16    operands exact in bf16 (the reference sees the same values), products exact in fp32, the
         output rounded to 8 mantissa bits (2^-9 ≈ 2e-3 of the largest value): 1.5e-2
 SGD     bit-exact: the kernel performs NumPy's float32 operations in NumPy's order
+casts   bit-exact against `nearest_bf16`, an independent float64 construction of round-to-nearest-even
 
 Arrays are created on the host and copied with `xp.array` (a copy on NumPy too), so the
 emulation and the GPU see the same numbers for the same seed and never share memory with the
@@ -209,7 +210,102 @@ def check_sgd(gpu, xp, n, nesterov, decay, steps=3, seed=0, offset=0, rate_insid
         lr, correction = 0.1 * (step + 1), (step + 1) / step if step else 1.0
         form = dict(rate_inside=rate_inside, velocity_scale=correction)
         gpu.sgd_momentum_update(views[0], xp.asarray(g), views[1], lr, 0.9, 0.25, views[2], nesterov, **form)
-        sgd_momentum_update(w, g, u, numpy.empty_like(w), lr, 0.9, 0.25, rates, nesterov, **form)
+        sgd_momentum_update(w, g, u, lr, 0.9, 0.25, rates, nesterov, **form)
         assert numpy.array_equal(to_numpy(views[0]), w), f"SGD step {step}: weights differ"
         assert numpy.array_equal(to_numpy(views[1]), u), f"SGD step {step}: momentum differs"
 
+
+
+def check_sgd_scalars(gpu, xp, n, rate_inside, steps=3, seed=0):
+    """The update through device scalars (what a CUDA graph replays): sgd_scalars(launch=False)
+    stores the step's rate, gradient scale and momentum correction, sgd_scalars(launch=True)
+    updates with them. Bit for bit the plain update (check_sgd: the reference's), the rate
+    changing every step."""
+    rng = numpy.random.default_rng(seed)
+    w, u = (rng.standard_normal(n).astype(numpy.float32) for _ in range(2))
+    rates = xp.asarray((rng.integers(0, 2, n) * 1e-4).astype(numpy.float32))
+    through_scalars, plain = [xp.array(w), xp.array(u)], [xp.array(w), xp.array(u)]
+    scalars = xp.zeros(3, dtype=numpy.float32)
+    for step in range(steps):
+        g = xp.asarray(rng.standard_normal(n).astype(numpy.float32))
+        lr, correction = 0.1 * (step + 1), (step + 1) / step if step else 1.0
+        with gpu.sgd_scalars(scalars, launch=False):
+            gpu.sgd_momentum_update(through_scalars[0], g, through_scalars[1], lr, 0.9, 0.25, rates, False,
+                                    rate_inside, correction)
+        assert numpy.array_equal(to_numpy(scalars), numpy.float32([lr, 0.25, correction])), "stored scalars"
+        assert numpy.array_equal(to_numpy(through_scalars[0]), to_numpy(plain[0])), "storing changed the weights"
+        with gpu.sgd_scalars(scalars, launch=True):  # the arguments that the scalars replace are ignored
+            gpu.sgd_momentum_update(through_scalars[0], g, through_scalars[1], -1.0, 0.9, -1.0, rates, False,
+                                    rate_inside, -1.0)
+        gpu.sgd_momentum_update(plain[0], g, plain[1], lr, 0.9, 0.25, rates, False, rate_inside, correction)
+        for name, ours, theirs in zip(("weights", "momentum"), through_scalars, plain):
+            assert numpy.array_equal(to_numpy(ours), to_numpy(theirs)), f"SGD through scalars, step {step}: {name}"
+
+
+# ---- bf16 casts and sums (kernels/amp.cu) -----------------------------------------------------
+
+BF16_MAX = (2 - 2 ** -7) * 2.0 ** 127
+
+
+def nearest_bf16(values):
+    """The bf16 value nearest to each value (float32 or float64), ties to the even mantissa, as
+    float64: built from the spacing of bf16 numbers (2^(e-7) around 2^e, 2^-133 below 2^-126)
+    with float64 arithmetic, sharing nothing with the bit trick of `to_bf16`."""
+    with numpy.errstate(invalid="ignore"):  # a signaling NaN raises the flag in the conversion
+        x = numpy.asarray(values, dtype=numpy.float64)
+    magnitude = numpy.abs(x)
+    _, exponent = numpy.frexp(magnitude)  # magnitude = m·2^exponent, m in [0.5, 1)
+    spacing = numpy.ldexp(1.0, numpy.maximum(exponent - 1, -126) - 7)
+    finite = numpy.isfinite(x) & (magnitude > 0)
+    steps = numpy.where(finite, magnitude / numpy.where(finite, spacing, 1.0), 0.0)  # exact: a power of two
+    lower = numpy.floor(steps)
+    fraction = steps - lower
+    up = (fraction > 0.5) | ((fraction == 0.5) & (lower % 2 == 1))
+    rounded = (lower + up) * spacing
+    rounded = numpy.where(rounded > BF16_MAX, numpy.inf, rounded)
+    return numpy.where(finite, numpy.copysign(rounded, x), x)  # zeros, infinities and NaN unchanged
+
+
+def bf16_bits_of(values):
+    """The bits of float64 values that are bf16 numbers (or ±inf, NaN)."""
+    return (numpy.asarray(values, dtype=numpy.float32).view(numpy.uint32) >> 16).astype(numpy.uint16)
+
+
+def cast_test_values(n, seed=0):
+    """float32 values that test a rounding: zeros, subnormals, ties at both parities, the edges of
+    overflow, infinities, NaN, and random bit patterns over the whole range."""
+    rng = numpy.random.default_rng(seed)
+    tie = numpy.uint32(0x8000)
+    bits = numpy.array([0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x00008000, 0x00018000, 0x3F808000,
+                        0x3F818000, 0xBF808000, 0x3F807FFF, 0x3F808001, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF,
+                        0xFF7F8000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF], dtype=numpy.uint32)
+    ties = (rng.integers(0, 1 << 16, 64, dtype=numpy.uint32) << 16) | tie
+    random = rng.integers(0, 1 << 32, n, dtype=numpy.uint32)
+    return numpy.concatenate([bits, ties, random]).view(numpy.float32)
+
+
+def check_casts(gpu, xp, n=5000, seed=0):
+    """float32 -> bf16 bit for bit against nearest_bf16 (NaN: still a NaN), and bf16 -> float32 exact."""
+    values = cast_test_values(n, seed)
+    bits = to_numpy(gpu.cast(xp.asarray(values), numpy.uint16))
+    assert bits.dtype == numpy.uint16
+    expected = nearest_bf16(values)
+    nan = numpy.isnan(values)
+    assert numpy.isnan(from_bf16(bits[nan])).all(), "a NaN did not stay a NaN"
+    wrong = numpy.flatnonzero(bits[~nan] != bf16_bits_of(expected[~nan]))
+    assert wrong.size == 0, (f"float32 -> bf16 differs at {wrong.size} values, e.g. {values[~nan][wrong[0]]!r} -> "
+                             f"{bits[~nan][wrong[0]]:#06x}, {bf16_bits_of(expected[~nan])[wrong[0]]:#06x} expected")
+    back = to_numpy(gpu.cast(xp.asarray(bits), numpy.float32))
+    assert back.dtype == numpy.float32
+    assert numpy.array_equal(back.view(numpy.uint32), bits.astype(numpy.uint32) << 16), "bf16 -> float32 is not exact"
+
+
+def check_bf16_add(gpu, xp, n=5000, seed=0):
+    """a + b of bf16 arrays: the nearest bf16 to the exact sum (exact in float64 at these scales)."""
+    rng = numpy.random.default_rng(seed)
+    scales = 10.0 ** rng.uniform(-3, 3, (2, n))
+    a, b = (to_bf16((scale * rng.standard_normal(n)).astype(numpy.float32)) for scale in scales)
+    b[:100] = to_bf16(-from_bf16(a[:100]))  # exact cancellations
+    total = to_numpy(gpu.bf16_add(xp.asarray(a), xp.asarray(b)))
+    expected = bf16_bits_of(nearest_bf16(from_bf16(a).astype(numpy.float64) + from_bf16(b)))
+    assert numpy.array_equal(total, expected), f"bf16 sums differ at {int((total != expected).sum())} of {n}"

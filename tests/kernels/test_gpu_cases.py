@@ -2,6 +2,8 @@
 and BN shape in each mode, and each case's arguments bind to its check's signature, so a run
 on a lent GPU cannot die on a TypeError."""
 import inspect
+import re
+from pathlib import Path
 
 import gpu_cases
 from minidl.bench.kernels import resnet50_batch_norms, resnet50_convs
@@ -17,3 +19,13 @@ def test_cases_bind_and_cover_every_shape():
     assert sum(n.startswith("conv ") for n in names) == 3 * len(convs) - 1  # no bf16 stem
     assert sum(n.startswith("batchnorm ") and n.endswith(("plain", "relu")) for n in names) == 6 * len(bns) + 2
     assert names[-1].startswith("resnet50 training step")
+
+
+def test_the_prepared_check_fits_its_budget_and_measures_issue_8():
+    """tests/gpu_check.sh: its parts' limits add up to at most 8 minutes, and it runs the step
+    benchmark that measures issue 8's target."""
+    script = (Path(__file__).resolve().parents[1] / "gpu_check.sh").read_text()
+    limits = [int(limit) for limit in re.findall(r"^part \w+ (\d+) ", script, re.MULTILINE)]
+    assert len(limits) == 6 and sum(limits) <= 8 * 60
+    assert re.search(r"minidl.bench step --device gpu --amp --cuda-graph --vs-torch --model resnet50 \\\n\s+"
+                     r"--batch-size 256 --image-size 224", script)

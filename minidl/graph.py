@@ -1,0 +1,118 @@
+"""A training step captured once in a CUDA graph and replayed (`--cuda-graph`): one launch per
+step instead of hundreds of launches driven from Python (cupy.cuda.Graph, by stream capture).
+
+`GraphedStep(step, optimizer, images_shape)` wraps `step(images, labels)`, a function that does
+one whole training step on the device (minidl.device_step.DeviceStep: zero the gradients,
+forward, loss, backward, all-reduce on one rank, update), and runs it:
+
+    calls 1 .. warmup   eagerly, on the capture stream, allocating from the graph's own pool;
+    the next call       captured (the stream records the kernels instead of running them), then
+                        launched;
+    later calls         launched: the recorded kernels run again with the recorded arguments.
+Every call runs the same kernels, the warm-ups included (the update reads its scalars from the
+device in all of them), so the warm-ups leave nothing to load or compile during the capture.
+
+A replay sees nothing new, so all that changes between steps lives in device memory at fixed
+addresses:
+- the batch: copied into the static buffers `images`, `labels` before each call (a batch of
+  another shape, shortened by undecodable images, runs eagerly instead);
+- the rate, gradient scale and momentum correction: the SGD kernel reads them from the device
+  array `scalars` (kernels.sgd_scalars), which the host side of `optimizer.step()` fills before
+  each replay: a changed rate needs no new capture;
+- parameters, gradients, momentum, BN statistics and the device loss sum: updated in place,
+  never reallocated (the optimizer's flat buffers, the modules' buffers, DeviceStep's sums).
+
+Memory: a replay writes its temporaries where the capture's allocations were. Those blocks go
+back to the pool during the capture, so they come from a private CuPy pool that nothing else
+allocates from afterwards, kept alive by this object. The warm-up calls allocate the same
+sequence from the same pool on the same stream first, so the capture finds every block cached
+(CuPy's pool keeps free blocks per stream), and they do what must not happen during a capture:
+compile and load the kernels, create the cuBLAS handle, set kernel attributes.
+
+Synchronization: none on the host. The capture stream waits for the caller's stream (which
+wrote the static inputs) by an event, and the caller's stream waits for it afterwards; replays
+are launched on the caller's stream itself.
+
+What the step function must keep to: no host synchronization or host-to-device copy inside
+(`float(array)`, `xp.asarray(host values)`), the same kernels and shapes on every call, no
+randomness drawn on the host, one process (a multi-rank all-reduce is not captured: the trainer
+runs those eagerly), an optimizer whose update is one `sgd_momentum_update` (SGD, not LARS).
+"""
+import contextlib
+
+import numpy
+
+from minidl import kernels
+from minidl.backend import xp
+
+WARMUP_STEPS = 2
+
+
+class CudaCapture:
+    """The CUDA side of a GraphedStep: its stream, its private memory pool, capture and launch."""
+
+    def __init__(self):
+        import cupy
+        self.cupy = cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.pool = cupy.cuda.MemoryPool()
+
+    @contextlib.contextmanager
+    def running(self):
+        """Work inside runs on the capture stream and allocates from the private pool, after the
+        caller's stream's work so far; the caller's stream then waits for it."""
+        cupy = self.cupy
+        caller = cupy.cuda.get_current_stream()
+        self.stream.wait_event(caller.record())
+        try:
+            with self.stream, cupy.cuda.using_allocator(self.pool.malloc):
+                yield
+        finally:
+            caller.wait_event(self.stream.record())
+
+    def capture(self, function):
+        """A cupy.cuda.Graph of the work function() queues (function itself runs once, recording)."""
+        with self.running():
+            self.stream.begin_capture()
+            try:
+                function()
+            finally:  # leave capture mode also when function fails
+                graph = self.stream.end_capture()
+        return graph
+
+    def launch(self, graph):
+        graph.launch(stream=self.cupy.cuda.get_current_stream())
+
+
+class GraphedStep:
+    def __init__(self, step, optimizer, images_shape, warmup=WARMUP_STEPS, cuda=None):
+        self.step, self.optimizer = step, optimizer
+        self.images = xp.empty(images_shape, dtype=numpy.uint8)
+        self.labels = xp.empty(images_shape[0], dtype=numpy.int64)
+        self.scalars = xp.zeros(3, dtype=numpy.float32)
+        self.warmup_left = warmup
+        self.cuda = CudaCapture() if cuda is None else cuda
+        self.graph = None
+
+    def __call__(self, images, labels):
+        """One step on this batch: uint8 images on the device, integer labels (host or device)."""
+        labels = xp.asarray(labels)
+        if images.shape != self.images.shape:
+            self.step(images, labels)  # not the captured shape: eagerly, outside the graph's pool
+            return
+        self.images[...] = images
+        self.labels[...] = labels
+        with kernels.device().sgd_scalars(self.scalars, launch=False):
+            self.optimizer.step()  # its host side: this step's rate into `scalars`
+        if self.warmup_left:
+            self.warmup_left -= 1
+            with self.cuda.running():
+                self._step_reading_scalars()
+        else:
+            if self.graph is None:
+                self.graph = self.cuda.capture(self._step_reading_scalars)
+            self.cuda.launch(self.graph)
+
+    def _step_reading_scalars(self):
+        with kernels.device().sgd_scalars(self.scalars, launch=True):
+            self.step(self.images, self.labels)

@@ -1,0 +1,98 @@
+"""Batch norm fused with what follows it in a residual block:
+
+    batch_norm_relu(x, ...)                = relu(batch_norm(x, ...))
+    batch_norm_add_relu(x, residual, ...)  = relu(batch_norm(x, ...) + residual)
+
+On a GPU each direction is the batch-norm kernel sequence of kernels/batchnorm.cu with the
+ReLU, and the addition, done while the normalized value is in registers: no separate
+elementwise pass. The backward pass masks the gradient by the output (y > 0) as it reads it and
+writes the residual's gradient in the same pass.
+
+Elsewhere the reference composes the unfused ops' own forward and backward (minidl.ops.norm,
+minidl.ops.activation, and `+` as autograd's Add): the same arithmetic in the same order, so the
+results equal the unfused graph's bit for bit. Only the BN output that the addition and ReLU
+consume is not kept for backward.
+
+Ghost batch norm (`group_size`, training) takes the statistics of each group of images on its
+own, as minidl.ops.norm does; on a GPU, one fused kernel sequence per group.
+"""
+from minidl import kernels
+from minidl.autograd import Function
+from minidl.backend import get_array_module
+from minidl.ops.activation import ReLU
+from minidl.ops.norm import BatchNorm, GhostBatchNorm
+
+
+def statistics_groups(n, training, group_size):
+    """The image ranges of a batch of n that BN takes statistics over, as minidl.ops.batch_norm
+    chooses them: the whole batch, or in training consecutive groups of `group_size` images."""
+    if not training or not group_size or group_size >= n:
+        return [slice(0, n)]
+    if n % group_size:
+        raise ValueError(f"a batch of {n} images does not split into BN groups of {group_size}")
+    return [slice(start, start + group_size) for start in range(0, n, group_size)]
+
+
+def _join(parts):
+    return parts[0] if len(parts) == 1 else get_array_module(parts[0]).concatenate(parts)
+
+
+class BatchNormReLU(Function):
+    """relu(BN(x) [+ residual]); inputs (x, γ, β[, residual])."""
+
+    def __init__(self, running_mean, running_var, training, momentum, eps, group_size):
+        self.norm_args = running_mean, running_var, training, momentum, eps
+        self.group_size = group_size
+
+    def forward(self, x, gamma, beta, residual=None):
+        self.has_residual = residual is not None
+        self.groups = statistics_groups(len(x), self.norm_args[2], self.group_size)
+        if kernels.wants(x, gamma, beta, residual, *self.norm_args[:2]):
+            return self._forward_on_kernels(x, gamma, beta, residual)
+        self.norm = (BatchNorm(*self.norm_args) if len(self.groups) == 1
+                     else GhostBatchNorm(self.group_size, *self.norm_args))
+        z = self.norm.forward(x, gamma, beta)
+        if residual is not None:
+            z = z + residual
+        self.relu = ReLU()
+        return self.relu.forward(z)
+
+    def backward(self, gy):
+        if hasattr(self, "saved"):
+            return self._backward_on_kernels(gy)
+        g = self.relu.backward(gy)
+        gx, ggamma, gbeta = self.norm.backward(g)
+        return (gx, ggamma, gbeta, g) if self.has_residual else (gx, ggamma, gbeta)
+
+    def _forward_on_kernels(self, x, gamma, beta, residual):
+        gpu = kernels.device()
+        outputs, self.saved = [], []
+        for part in self.groups:
+            y, saved = gpu.batch_norm_forward(x[part], gamma, beta, *self.norm_args, None if residual is None
+                                              else residual[part], relu=True)
+            outputs.append(y)
+            self.saved.append(saved)
+        self.x, self.y = x, _join(outputs)
+        return self.y
+
+    def _backward_on_kernels(self, gy):
+        gpu = kernels.device()
+        training = self.norm_args[2]
+        results = [gpu.batch_norm_backward(gy[part], self.x[part], saved, training, y=self.y[part],
+                                           residual_grad=self.has_residual)
+                   for part, saved in zip(self.groups, self.saved)]
+        gx, ggamma, gbeta, gresidual = zip(*results)
+        grads = _join(gx), sum(ggamma[1:], ggamma[0]), sum(gbeta[1:], gbeta[0])
+        return (*grads, _join(gresidual)) if self.has_residual else grads
+
+
+def batch_norm_relu(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5,
+                    group_size=None):
+    """relu(batch_norm(x, ...)) in one op; the arguments are minidl.ops.batch_norm's."""
+    return BatchNormReLU(running_mean, running_var, training, momentum, eps, group_size)(x, gamma, beta)
+
+
+def batch_norm_add_relu(x, residual, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5,
+                        group_size=None):
+    """relu(batch_norm(x, ...) + residual) in one op: a residual block's end."""
+    return BatchNormReLU(running_mean, running_var, training, momentum, eps, group_size)(x, gamma, beta, residual)

@@ -1,0 +1,104 @@
+"""The GPU path above single kernels, run on the CPU emulator (step_checks.py; the GPU cases run
+the same checks on ResNet-50 shapes): the fused ops' GPU branch, the fused residual blocks, a
+training step under autocast against the float32 step, and steps replayed through GraphedStep
+against the same steps run eagerly. The CUDA graph itself exists only on a GPU: here a stand-in
+records the step function at capture (queuing no work, as a capturing stream does) and runs it
+at each launch, so what is tested is GraphedStep's own logic: warm-up, one capture, the static
+batch buffers, the rate through device scalars, the eager path for another batch size."""
+import contextlib
+
+import numpy
+import pytest
+
+import oracle
+import step_checks
+from minidl import nn
+from minidl.device_step import DeviceStep
+from minidl.models.resnet import BasicBlock, Bottleneck, ResNet, cifar_stem
+from minidl.optim import SGD
+
+# mode, NHWC shape, residual, training, group_size
+FUSED_CASES = {
+    "relu, two channel blocks": ("fp32", (2, 5, 3, 40), False, True, None),
+    "add+relu": ("fp32", (2, 4, 3, 16), True, True, None),
+    "add+relu, eval": ("fp32", (2, 4, 3, 16), True, False, None),
+    "relu, ghost groups of 2": ("fp32", (6, 3, 3, 16), False, True, 2),
+    "add+relu, ghost groups of 2": ("fp32", (4, 3, 3, 8), True, True, 2),
+    "bf16 relu": ("bf16", (2, 5, 3, 40), False, True, None),
+    "bf16 add+relu, ghost groups of 3": ("bf16", (6, 3, 3, 16), True, True, 3),
+}
+
+
+@pytest.mark.parametrize("case", FUSED_CASES)
+def test_fused_op_gpu_branch(emulated_gpu, case):
+    mode, shape, residual, training, group_size = FUSED_CASES[case]
+    step_checks.check_fused_op(numpy, mode, shape, residual, training, group_size)
+
+
+def seeded(build):
+    def seeded_build():
+        nn.manual_seed(0)
+        return build()
+    return seeded_build
+
+
+@pytest.mark.parametrize("build, shape", [
+    (lambda: BasicBlock(16, 16), (2, 5, 5, 16)),            # identity shortcut
+    (lambda: Bottleneck(16, 8, stride=2), (2, 6, 5, 16)),  # projection shortcut, stride 2
+])
+def test_fused_block_matches_the_unfused_block_on_the_kernels(emulated_gpu, build, shape):
+    step_checks.check_fused_block(numpy, seeded(build), shape, tolerance=1e-6)
+
+
+# CIFAR stem (16 channels), then one projecting and one identity block; channel counts are
+# multiples of 8, as the bf16 tiles need
+TINY_RESNETS = {
+    "basic": lambda: ResNet(cifar_stem(), BasicBlock, (16, 32), (1, 1), 10, False),
+    "bottleneck": lambda: ResNet(cifar_stem(), Bottleneck, (16,), (2,), 10, False),
+}
+
+
+@pytest.mark.parametrize("name", TINY_RESNETS)
+def test_amp_step_against_the_float32_step(emulated_gpu, name):
+    step_checks.check_amp_step(numpy, seeded(TINY_RESNETS[name]), (4, 8, 8, 3), 10, step_checks.AMP_TOLERANCE["tiny"])
+
+
+class StandInCapture:
+    """CudaCapture's interface without CUDA (see the module's docstring)."""
+
+    def __init__(self):
+        self.captures = self.launches = 0
+
+    @contextlib.contextmanager
+    def running(self):
+        yield
+
+    def capture(self, function):
+        self.captures += 1
+        return function
+
+    def launch(self, graph):
+        self.launches += 1
+        graph()
+
+
+def test_replayed_steps_equal_eager_steps(emulated_gpu):
+    cuda = StandInCapture()
+    step_checks.check_graph_replay(numpy, seeded(TINY_RESNETS["basic"]), (2, 8, 8, 3), amp=True, graph_cuda=cuda,
+                                   steps=5)
+    # one warm-up, one captured and launched, one replay, the short batch eagerly, one replay
+    assert (cuda.captures, cuda.launches) == (1, 3)
+
+
+def test_each_step_refreshes_the_bf16_weights_after_the_update(emulated_gpu):
+    """Under --amp the convolutions read the shadow: it must hold the weights the previous
+    update left, i.e. be refreshed inside each step, before its forward pass."""
+    model = seeded(TINY_RESNETS["basic"])()
+    optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = DeviceStep(model, optimizer, amp=True)
+    rng = numpy.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (2, 8, 8, 3), dtype=numpy.uint8), rng.integers(0, 10, 2)
+    step(images, labels)
+    updated = optimizer.flat.data.copy()
+    step(images, labels)
+    assert numpy.array_equal(step.shadow.bits, oracle.to_bf16(updated))

@@ -1,0 +1,42 @@
+"""The dtype policy's GPU-only features where there is no GPU: --amp and --cuda-graph are refused
+with one line naming the flag and the fix (never a silent float32 or eager run), from the
+library, the configuration, train.py and the step benchmark alike."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minidl import backend
+from minidl.config import Config
+from minidl.errors import UserError
+
+pytestmark = pytest.mark.skipif(backend.on_gpu, reason="checks the refusal where there is no GPU")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_autocast_is_refused_on_the_cpu():
+    with pytest.raises(UserError, match="--amp needs a GPU"):
+        with backend.autocast():
+            pass
+    with backend.autocast(enabled=False):
+        assert backend.compute_dtype() is None
+
+
+@pytest.mark.parametrize("flag", ["amp", "cuda_graph"])
+def test_the_configuration_refuses_gpu_flags(flag):
+    with pytest.raises(UserError, match=f"--{flag.replace('_', '-')} needs a GPU"):
+        Config(**{flag: True}).resolved()
+
+
+@pytest.mark.parametrize("command", [
+    [sys.executable, "train.py", "--amp"],
+    [sys.executable, "train.py", "--cuda-graph", "--epochs", "1"],
+    [sys.executable, "-m", "minidl.bench", "step", "--amp", "--model", "resnet20"],
+    [sys.executable, "-m", "minidl.bench", "step", "--cuda-graph", "--model", "resnet20"],
+])
+def test_the_command_lines_refuse_gpu_flags_in_one_line(command):
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs a GPU" in lines[0], result.stderr
