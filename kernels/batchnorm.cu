@@ -8,7 +8,10 @@
 // 32 channels (threadIdx.x, so a warp reads one contiguous run of a row), blockIdx.y a slab of
 // `rows_per_block` rows, and the 8 threadIdx.y lanes of a block take every 8th row of the slab,
 // BN_UNROLL rows in flight per thread. Per-slab partial results go to a small workspace and a
-// one-thread-per-channel kernel combines the slabs in order: deterministic, no atomics.
+// finalize kernel combines the slabs: 32 channels per block again, its FINALIZE_LANES lanes
+// each taking every FINALIZE_LANES-th slab, then the lanes in order in shared memory (a single
+// thread per channel walking hundreds of slabs was latency-bound: 0.25 ms for C = 64 on an
+// H200, more than the statistics pass itself). Deterministic, no atomics.
 //
 // Forward, training:  bn_stats      Welford (count, mean, M2) per thread, merged with Chan's
 //                                   formula across lanes, then across slabs: no cancellation
@@ -34,7 +37,8 @@ constexpr int BN_CHANNELS = 32;
 constexpr int BN_ROW_LANES = 8;
 constexpr int BN_THREADS = BN_CHANNELS * BN_ROW_LANES;
 constexpr int BN_UNROLL = 4;
-constexpr int BN_FINALIZE_THREADS = 128;
+constexpr int FINALIZE_LANES = 32;
+constexpr int BN_FINALIZE_THREADS = BN_CHANNELS * FINALIZE_LANES;
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -117,17 +121,22 @@ __global__ void __launch_bounds__(BN_FINALIZE_THREADS) bn_finalize(const float* 
                                                                    float* running_var, float* mean_out,
                                                                    float* inv_std_out, float* scale_out,
                                                                    float* shift_out) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ Welford lanes[FINALIZE_LANES][BN_CHANNELS];
+    int c = blockIdx.x * BN_CHANNELS + threadIdx.x;
+    Welford acc{0.0f, 0.0f, 0.0f};
+    if (c < C)
+        for (int s = threadIdx.y; s < slabs; s += FINALIZE_LANES) {
+            const float* p = partial + (long long)s * 3 * C + c;
+            acc.merge(Welford{p[0], p[C], p[2 * C]});
+        }
+    lanes[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
     float mean, var;
     if (slabs > 0) {
-        Welford total{0.0f, 0.0f, 0.0f};
-        for (int s = 0; s < slabs; ++s) {
-            const float* p = partial + (long long)s * 3 * C + c;
-            total.merge(Welford{p[0], p[C], p[2 * C]});
-        }
-        mean = total.mean;
-        var = total.m2 / rows;
+        for (int lane = 1; lane < FINALIZE_LANES; ++lane) acc.merge(lanes[lane][threadIdx.x]);
+        mean = acc.mean;
+        var = acc.m2 / rows;
         if (running_mean) {
             float unbiased = var * (float(rows) / float(max(rows - 1, 1)));
             running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean;
@@ -203,12 +212,21 @@ __global__ void __launch_bounds__(BN_FINALIZE_THREADS) bn_backward_finalize(cons
                                                                             const float* scale, int training,
                                                                             float* grad_gamma, float* grad_beta,
                                                                             float* k1, float* k0) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float sums[2][FINALIZE_LANES][BN_CHANNELS];
+    int c = blockIdx.x * BN_CHANNELS + threadIdx.x;
     float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int s = 0; s < slabs; ++s) {
-        sum_g += partial[(long long)s * 2 * C + c];
-        sum_gx += partial[(long long)s * 2 * C + C + c];
+    if (c < C)
+        for (int s = threadIdx.y; s < slabs; s += FINALIZE_LANES) {
+            sum_g += partial[(long long)s * 2 * C + c];
+            sum_gx += partial[(long long)s * 2 * C + C + c];
+        }
+    sums[0][threadIdx.y][threadIdx.x] = sum_g;
+    sums[1][threadIdx.y][threadIdx.x] = sum_gx;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    for (int lane = 1; lane < FINALIZE_LANES; ++lane) {
+        sum_g += sums[0][lane][threadIdx.x];
+        sum_gx += sums[1][lane][threadIdx.x];
     }
     float dgamma = sum_gx * inv_std[c];
     grad_gamma[c] = dgamma;

@@ -27,7 +27,8 @@ back to the pool during the capture, so they come from a private CuPy pool that 
 allocates from afterwards, kept alive by this object. The warm-up calls allocate the same
 sequence from the same pool on the same stream first, so the capture finds every block cached
 (CuPy's pool keeps free blocks per stream), and they do what must not happen during a capture:
-compile and load the kernels, create the cuBLAS handle, set kernel attributes.
+compile and load the kernels, set kernel attributes. No cuBLAS call may be captured (CuPy
+refuses it), so the classifier runs on the convolution kernels (minidl.ops.linear).
 
 Synchronization: none on the host. The capture stream waits for the caller's stream (which
 wrote the static inputs) by an event, and the caller's stream waits for it afterwards; replays

@@ -67,7 +67,7 @@ CONV_TILES = {t.name: t for t in (ConvTile("Tf32Tile", 4, 128, 128, 16, 3, True)
                                   ConvTile("SimtTile", 4, 64, 64, 16, 2, False))}
 CONV_THREADS = 256
 BN_BLOCK = (32, 8)  # batchnorm.cu: 32 channels × 8 row lanes
-BN_FINALIZE_THREADS = 128
+BN_FINALIZE_BLOCK = (32, 32)  # batchnorm.cu: 32 channels × 32 slab lanes
 THREADS = 256  # the elementwise and pooling kernels
 MIN_ROWS_PER_SLAB = 64  # batch norm: below this a slab's fixed cost dominates
 MIN_TILES_PER_SPLIT = 8  # wgrad split-K: each split streams at least this many k-tiles
@@ -325,14 +325,13 @@ class Kernels:
         t = _bn_type(x)
         grid, per_slab = self._bn_grid(rows, channels)
         mean, inv_std, scale, shift = (xp.empty(channels, dtype=numpy.float32) for _ in range(4))
-        finalize_grid = (ceil_div(channels, BN_FINALIZE_THREADS),)
         if training:
             partial = xp.empty((grid[1], 3, channels), dtype=numpy.float32)
             self._launch("batchnorm", f"bn_stats<{t}>", grid, BN_BLOCK, (x, *_i32(rows, channels, per_slab), partial))
             stats = (partial, numpy.int32(grid[1]))
         else:
             stats = (NULL, numpy.int32(0))
-        self._launch("batchnorm", "bn_finalize", finalize_grid, (BN_FINALIZE_THREADS,),
+        self._launch("batchnorm", "bn_finalize", grid[:1], BN_FINALIZE_BLOCK,
                      (*stats, *_i32(channels, rows), gamma, beta, numpy.float32(eps), numpy.float32(momentum),
                       _ptr(running_mean), _ptr(running_var), mean, inv_std, scale, shift))
         y = xp.empty_like(x)
@@ -353,9 +352,9 @@ class Kernels:
         self._launch("batchnorm", f"bn_backward_reduce<{t}>", grid, BN_BLOCK,
                      (gy, x, _ptr(y), mean, *_i32(rows, channels, per_slab), partial))
         ggamma, gbeta, k1, k0 = (xp.empty(channels, dtype=numpy.float32) for _ in range(4))
-        self._launch("batchnorm", "bn_backward_finalize", (ceil_div(channels, BN_FINALIZE_THREADS),),
-                     (BN_FINALIZE_THREADS,), (partial, *_i32(grid[1], channels, rows), inv_std, scale,
-                                              numpy.int32(bool(training)), ggamma, gbeta, k1, k0))
+        self._launch("batchnorm", "bn_backward_finalize", grid[:1], BN_FINALIZE_BLOCK,
+                     (partial, *_i32(grid[1], channels, rows), inv_std, scale, numpy.int32(bool(training)),
+                      ggamma, gbeta, k1, k0))
         gx = xp.empty_like(x)
         gresidual = xp.empty_like(x) if residual_grad else None
         self._launch("batchnorm", f"bn_backward_apply<{t}>", grid, BN_BLOCK,

@@ -3,7 +3,10 @@
 # project NOT installed (PYTHONPATH = the repository), run every GPU test and the kernel and
 # step benchmarks, and write OUTDIR/report.json.
 #
-#     bash tests/gpu_check.sh OUTDIR
+#     bash tests/gpu_check.sh OUTDIR [EARLIER_GPU_TESTS_JSON]
+#
+# With an earlier run's gpu_tests.json, the GPU cases that passed there are not run again (a
+# rerun after a fix, within the same device budget); they are reported as "passed earlier".
 #
 # Needs: python3 with NumPy, CuPy (cupy-cuda13x), PyTorch; nvcc for the resource report. No
 # pytest: the GPU tests run through tests/kernels/gpu_cases.py, the cases `pytest -m gpu` runs.
@@ -24,7 +27,8 @@
 # compilation by NVRTC, then the tests; the CPU side of the training step is the longest case).
 # Exit status 0 when every part passed.
 set -u
-OUT=${1:?usage: bash tests/gpu_check.sh OUTDIR}
+OUT=${1:?usage: bash tests/gpu_check.sh OUTDIR [EARLIER_GPU_TESTS_JSON]}
+EARLIER=${2:+$(cd "$(dirname "$2")" && pwd)/$(basename "$2")}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -78,7 +82,8 @@ print(info)
 EOF
 
 part nvcc 40 "$PY" tests/kernels/nvcc_check.py --json "$OUT/nvcc.json"
-part gpu_tests 195 "$PY" tests/kernels/gpu_cases.py --json "$OUT/gpu_tests.json" --seconds 160
+part gpu_tests 195 "$PY" tests/kernels/gpu_cases.py --json "$OUT/gpu_tests.json" --seconds 160 \
+    ${EARLIER:+--skip-passed "$EARLIER"}
 part bench_kernels 90 "$PY" -m minidl.bench kernels --json "$OUT/bench_kernels.json"
 part bench_step 125 "$PY" -m minidl.bench step --device gpu --amp --cuda-graph --vs-torch --model resnet50 \
     --batch-size 256 --image-size 224 --warmup 3 --iters 10 --json

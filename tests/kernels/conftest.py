@@ -28,6 +28,13 @@ def emulated():
     return kernels.Kernels(emulated_module, EMULATED_MULTIPROCESSORS)
 
 
+@pytest.fixture(scope="session")
+def emulated_wide(emulated):
+    """The emulated kernels as on a GPU of 64 multiprocessors: grids of many blocks, e.g. more
+    batch-norm slabs than the finalize kernels have lanes."""
+    return kernels.Kernels(emulated_module, 64)
+
+
 @pytest.fixture
 def emulated_gpu(emulated, monkeypatch):
     """minidl as on a GPU, its kernels emulated: kernels.device() is `emulated`, kernels.wants()

@@ -12,7 +12,9 @@ Then every kernel against the reference ops (oracle.py; float64 references compu
 same ops on the GPU) on every distinct ResNet-50 layer shape at batch 32, in fp32 (the exact
 path), TF32 and bf16, with oracle.TOLERANCE per mode; last one whole ResNet-50 training step on
 the GPU against the same step on the CPU, where the error grows through 53 layers:
-STEP_TOLERANCE.
+STEP_TOLERANCE. That step's model has the residual branches' last γ scaled down
+(step_checks.LAST_GAMMA_SCALE): at plain initialization ResNet-50 with batch norm is chaotic,
+and the two devices' float32 rounding alone gave gradients 2.8% apart (TF32: 59%).
 """
 import argparse
 import functools
@@ -38,7 +40,11 @@ from minidl.models.resnet import Bottleneck  # noqa: E402
 
 BATCH = 32
 STEP_BATCH = int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16"))  # the CPU side of the step takes the time
-STEP_TOLERANCE = {"fp32": 2e-3, "tf32": 5e-2}
+# Measured on an H200 (max error of the largest gradient value): fp32 2.1e-3, TF32 3.5e-2 from
+# the CPU; the GPU's own fp32 step moves by 1.5e-3 under 2^-22 relative noise on the weights (a
+# few ulps) and by 6.4e-2 under 2^-11 (TF32's rounding): the model's conditioning, not the
+# kernels, sets these errors. A wrong kernel gives errors of order 1.
+STEP_TOLERANCE = {"fp32": 5e-3, "tf32": 1e-1}
 FLAT_SIZE = -(-PARAMETERS_RESNET50 // 1024) * 1024  # the padded flat buffer
 AMP_BATCH = 16  # the bf16 and graph steps: both sides run on the GPU
 
@@ -161,7 +167,7 @@ def resnet50_step(on_gpu, seed=0):
     from minidl import Tensor, models, nn, ops
     from minidl.optim import SGD
     nn.manual_seed(seed)
-    model = models.resnet50(num_classes=1000)
+    model = step_checks.randomized(lambda: models.resnet50(num_classes=1000), step_checks.LAST_GAMMA_SCALE)()
     if not on_gpu:
         to_host(model)
     optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, norm_weight_decay=0.0)
@@ -199,11 +205,15 @@ def check_resnet50_step(gpu, cupy, mode):
 
 # ---- the runner ----------------------------------------------------------------------------------
 
-def run(seconds):
-    """Every case, each in its own try; cases left when the time is up are reported as not run."""
+def run(seconds, passed_earlier=frozenset()):
+    """Every case, each in its own try; cases left when the time is up are reported as not run,
+    and those named in `passed_earlier` are not run again."""
     deadline = time.monotonic() + seconds
     results = []
     for name, check, args, kwargs in cases():
+        if name in passed_earlier:
+            results.append({"case": name, "status": "passed earlier"})
+            continue
         if time.monotonic() > deadline:
             results.append({"case": name, "status": "not run (out of time)"})
             continue
@@ -225,16 +235,22 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", required=True, help="where the results go")
     parser.add_argument("--seconds", type=float, default=240, help="stop starting new cases after this long")
+    parser.add_argument("--skip-passed", metavar="JSON",
+                        help="an earlier run's --json: its passed cases are not run again (a budgeted GPU session)")
     args = parser.parse_args(argv)
     if not backend.on_gpu:
         print("gpu_cases: CuPy sees no usable GPU", file=sys.stderr)
         return 2
-    results = run(args.seconds)
+    passed_earlier = frozenset()
+    if args.skip_passed:
+        earlier = json.loads(Path(args.skip_passed).read_text())["results"]
+        passed_earlier = frozenset(r["case"] for r in earlier if r["status"] in ("passed", "passed earlier"))
+    results = run(args.seconds, passed_earlier)
     counts = {s: sum(r["status"] == s for r in results) for s in sorted({r["status"] for r in results})}
     Path(args.json).write_text(json.dumps({"counts": counts, "tolerances": oracle.TOLERANCE,
                                            "step_tolerances": STEP_TOLERANCE, "results": results}, indent=1))
     print(counts)
-    return 0 if set(counts) <= {"passed"} else 1
+    return 0 if set(counts) <= {"passed", "passed earlier"} else 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import numpy
 import pytest
 
 import oracle
-from minidl.kernels import CONV_TILES, ceil_div
+from minidl.kernels import BN_FINALIZE_BLOCK, CONV_TILES, ceil_div
 from minidl.ops.conv import correlate
 
 # mode, n, h, w, c, k, r, stride, padding, the tile that must run
@@ -66,6 +66,15 @@ BN_CASES = {
 def test_batch_norm(emulated, case):
     mode, shape, training, fused, offset = BN_CASES[case]
     oracle.check_batch_norm(emulated, numpy, mode, shape, training, fused, offset=offset)
+
+
+@pytest.mark.parametrize("mode, fused", [("fp32", None), ("bf16", "add_relu")])
+def test_batch_norm_with_more_slabs_than_finalize_lanes(emulated_wide, mode, fused):
+    """70 slabs: the finalize kernels' 32 lanes take two or three slabs each."""
+    shape = (5, 28, 32, 16)
+    (_, slabs), _ = emulated_wide._bn_grid(5 * 28 * 32, 16)
+    assert slabs == 70 > 2 * BN_FINALIZE_BLOCK[1]
+    oracle.check_batch_norm(emulated_wide, numpy, mode, shape, True, fused, offset=3.0)
 
 
 @pytest.mark.parametrize("shape, kernel, stride, padding, levels", [

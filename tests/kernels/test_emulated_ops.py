@@ -82,3 +82,23 @@ def test_training_step_through_the_gpu_branches(emulated, monkeypatch, tf32):
     oracle.assert_close(grad, reference[1], tolerance, "flat gradient")
     oracle.assert_close(params, reference[2], tolerance, "parameters after the step")
     oracle.assert_close(buffers, reference[3], tolerance, "BN running statistics")
+
+
+@pytest.mark.parametrize("tf32, features", [(False, (24, 10)), (True, (24, 12))])
+def test_linear_runs_as_a_one_pixel_convolution(emulated, monkeypatch, tf32, features):
+    """ops.linear's GPU branch (the convolution kernels; cuBLAS cannot be captured in a CUDA
+    graph) against the float64 products: output and the three gradients."""
+    monkeypatch.setattr(kernels, "device", lambda: emulated)
+    monkeypatch.setattr(kernels, "wants", lambda *arrays: all(a is None or a.dtype == numpy.float32 for a in arrays))
+    monkeypatch.setattr(emulated, "allow_tf32", tf32)
+    rng = numpy.random.default_rng(6)
+    in_features, out_features = features
+    x, w, b, gy = (rng.standard_normal(shape) for shape in ((5, in_features), (out_features, in_features),
+                                                              (out_features,), (5, out_features)))
+    inputs = [Tensor(a.astype(numpy.float32), requires_grad=True) for a in (x, w, b)]
+    y = ops.linear(*inputs)
+    y.backward(gy.astype(numpy.float32))
+    tolerance = oracle.TOLERANCE["tf32" if tf32 else "fp32"]
+    oracle.assert_close(y.data, x @ w.T + b, tolerance, "linear output")
+    for name, tensor, expected in (("x", inputs[0], gy @ w), ("w", inputs[1], gy.T @ x), ("b", inputs[2], gy.sum(0))):
+        oracle.assert_close(tensor.grad.data, expected, tolerance, f"linear gradient of {name}")
