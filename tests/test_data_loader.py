@@ -235,7 +235,10 @@ def test_a_worker_killed_by_a_signal_is_an_error_not_a_hang():
 
 
 _CHILD = textwrap.dedent("""
-    import multiprocessing, sys, time
+    import multiprocessing, signal, sys, time
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal, also where the test runner was started
+    # in the background by a shell (which ignores SIGINT there, and children inherit that)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from minidl.data import DataLoader, build_transform
     from test_data_loader import Slow
