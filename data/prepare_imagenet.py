@@ -28,13 +28,11 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from minidl.data.folder import IMAGE_EXTENSIONS, check_same_classes, class_names, scan_split
+from minidl.data.folder import SPLITS, check_same_classes, class_names, is_image, scan_split
 from minidl.data.shards import (FORMAT, INDEX, VERSION, is_temporary, sha256_file, shard_file,
                                 write_shard)
 from minidl.errors import UserError
 from minidl.fileio import write_json_atomic
-
-SPLITS = ("train", "val")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -102,8 +100,7 @@ def split_items(src, split, classes, val_labels):
         labels = read_val_labels(val_labels, classes)
         if not (src / "val").is_dir():
             raise UserError(f"{src} has no val/ folder: put the validation images in {src / 'val'}")
-        names = sorted(e.name for e in os.scandir(src / "val")
-                       if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS))
+        names = sorted(e.name for e in os.scandir(src / "val") if is_image(e))
         if not names:
             raise UserError(f"{src / 'val'} holds no images of its own, yet --val-labels is given: "
                             "put the validation images directly in val/, or drop --val-labels")

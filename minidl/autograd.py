@@ -27,7 +27,8 @@ import weakref
 
 import numpy
 
-from minidl.backend import get_array_module
+from minidl import kernels
+from minidl.backend import BF16, get_array_module
 
 _grad_enabled = True
 
@@ -159,9 +160,17 @@ def _accumulate(tensor, grad):
     elif tensor.creator is None:
         tensor.grad.data += grad  # in place: parameter grads are views into a flat buffer
     else:
-        tensor.grad = Tensor(tensor.grad.data + grad)
+        tensor.grad = Tensor(_add_gradients(tensor.grad.data, grad))
     if tensor.grad_hook is not None:
         tensor.grad_hook(tensor)
+
+
+def _add_gradients(a, b):
+    """a + b; bf16 gradients (uint16 bits, --amp) are summed by their kernel, not as integers:
+    a residual block's input, read by both branches, receives two."""
+    if a.dtype == BF16:
+        return kernels.device().bf16_add(a, b)
+    return a + b
 
 
 def as_tensor(value, like=None):

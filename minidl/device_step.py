@@ -1,11 +1,11 @@
 """One training step that never waits for the device: what --cuda-graph captures (minidl.graph),
 and what the step benchmark runs with --amp or --cuda-graph.
 
-`DeviceStep(model, optimizer, label_smoothing, amp, reducer)(images, labels)` zeroes the
-gradients, normalizes the uint8 batch, runs the forward pass (in bf16 with `amp`, after
-refreshing the bf16 copy of the weights that the previous update changed), the softmax
-cross-entropy, backward (through `reducer`, a GradientReducer, when given), and the optimizer's
-update. The loss is added, times the batch size, to a sum ON THE DEVICE, and a non-finite loss
+`DeviceStep(model, optimizer, label_smoothing, amp)(images, labels)` zeroes the gradients,
+normalizes the uint8 batch, runs the forward pass (in bf16 with `amp`, after refreshing the
+bf16 copy of the weights that the previous update changed), the softmax cross-entropy,
+backward and the optimizer's update; one process only (a multi-rank all-reduce is not
+captured). The loss is added, times the batch size, to a sum ON THE DEVICE, and a non-finite loss
 to a count there: nothing is read back. `take_totals()` reads and resets both, when the caller
 chooses (every --print-freq steps): the only synchronization.
 """
@@ -14,37 +14,27 @@ import numpy
 from minidl import kernels, ops
 from minidl.autograd import Tensor
 from minidl.backend import autocast, xp
-from minidl.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from minidl.data.transforms import normalize
 
 
 class DeviceStep:
-    def __init__(self, model, optimizer, label_smoothing=0.0, amp=False, reducer=None):
-        self.model, self.optimizer, self.label_smoothing, self.reducer = model, optimizer, label_smoothing, reducer
+    def __init__(self, model, optimizer, label_smoothing=0.0, amp=False):
+        self.model, self.optimizer, self.label_smoothing = model, optimizer, label_smoothing
         self.amp = amp
         self.shadow = kernels.device().bf16_shadow(optimizer.flat.data) if amp else None
-        # minidl.data.normalize's constants, on the device once (normalize copies them from the
-        # host at each call, which a graph cannot capture); the same float32 values and order
-        self.mean = xp.asarray(IMAGENET_MEAN, dtype=numpy.float32)
-        self.inv_std = xp.asarray([1 / s for s in IMAGENET_STD], dtype=numpy.float32)
         self.loss_sum = xp.zeros((), dtype=numpy.float64)
         self.nonfinite = xp.zeros((), dtype=numpy.int32)
 
     def __call__(self, images, labels):
         """One step on a uint8 NHWC batch and its int64 labels, both on the device."""
         self.optimizer.zero_grad()
-        x = images.astype(numpy.float32)
-        x -= self.mean
-        x *= self.inv_std
+        x = normalize(images, xp)
         if self.shadow is not None:
             self.shadow.refresh()
         with autocast(self.amp):
             logits = self.model(Tensor(x))
         loss = ops.softmax_cross_entropy(logits, labels, self.label_smoothing)
-        if self.reducer is None:
-            loss.backward()
-        else:
-            self.reducer.backward(loss)
-            self.reducer.wait()
+        loss.backward()  # one process: its gradient is the global one, nothing to all-reduce
         self.optimizer.step()
         self.loss_sum += loss.data.astype(numpy.float64) * len(labels)
         self.nonfinite += ~xp.isfinite(loss.data)

@@ -143,6 +143,7 @@ class Kernels:
         self.multiprocessors = multiprocessors
         self.allow_tf32 = allow_tf32
         self._functions = {}
+        self._shared_opt_in = {}  # (family, name) -> dynamic shared memory allowed above 48 KiB
         self._shadows = weakref.WeakSet()
         self._sgd_scalars = None  # (device array, launch) inside sgd_scalars()
         self._sgd_updates = 0
@@ -152,8 +153,9 @@ class Kernels:
         function = self._functions.get(key)
         if function is None:
             function = self._functions[key] = self._load(family).get_function(name)
-        if shared_mem > function.max_dynamic_shared_size_bytes and shared_mem > 48 * 1024:
-            function.max_dynamic_shared_size_bytes = shared_mem  # the opt-in above 48 KiB
+        if shared_mem > self._shared_opt_in.get(key, 48 * 1024):  # the opt-in above 48 KiB, once:
+            function.max_dynamic_shared_size_bytes = shared_mem   # reading the attribute is a driver call
+            self._shared_opt_in[key] = shared_mem
         function(grid, block, args, shared_mem=shared_mem)
 
     # ---- SGD ---------------------------------------------------------------------------------

@@ -65,7 +65,8 @@ class FlatOptimizer:
     """What every optimizer here shares: the flat buffers, a momentum buffer, the per-element
     weight decay, and the knobs the trainer sets per step (`lr`, `grad_scale`)."""
 
-    def __init__(self, params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align):
+    def __init__(self, params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align,
+                 momentum_correction):
         self.flat = FlatParameters(params, align)
         self.lr, self.momentum, self.grad_scale = lr, momentum, grad_scale
         exempt_rate = weight_decay if norm_weight_decay is None else norm_weight_decay
@@ -73,7 +74,17 @@ class FlatOptimizer:
         self.decay = self.flat.per_element(self.rates) if any(self.rates) else None
         xp = get_array_module(self.flat.data)
         self.velocity = xp.zeros_like(self.flat.data)
+        self.momentum_correction = momentum_correction
         self.previous_lr = None  # the rate of the last step, for updates with the rate inside v
+
+    def velocity_correction(self):
+        """The factor η_new/η_old that rescales a velocity holding the rate (Goyal et al.'s
+        momentum correction; 1 on the first step, when η is unchanged or the correction is off);
+        records this step's rate."""
+        changed = self.momentum_correction and self.previous_lr not in (None, self.lr)
+        correction = self.lr / self.previous_lr if changed else 1.0
+        self.previous_lr = self.lr
+        return correction
 
     @staticmethod
     def is_exempt(param):
@@ -103,17 +114,15 @@ class SGD(FlatOptimizer):
             raise ValueError("nesterov momentum needs momentum > 0 and the pytorch form")
         if form not in self.FORMS:
             raise ValueError(f"unknown SGD form {form!r}; choose one of {self.FORMS}")
-        super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align)
-        self.nesterov, self.form, self.momentum_correction = nesterov, form, momentum_correction
+        super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align,
+                         momentum_correction)
+        self.nesterov, self.form = nesterov, form
 
     def step(self):
         rate_inside = self.form == "caffe2"
-        correction = 1.0
-        if rate_inside and self.momentum_correction and self.previous_lr not in (None, self.lr):
-            correction = self.lr / self.previous_lr
-        self.previous_lr = self.lr
-        sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, self.lr,
-                            self.momentum, self.grad_scale, self.decay, self.nesterov, rate_inside, correction)
+        correction = self.velocity_correction()  # records the rate in either form
+        sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, self.lr, self.momentum, self.grad_scale,
+                            self.decay, self.nesterov, rate_inside, correction if rate_inside else 1.0)
 
 
 class LARS(FlatOptimizer):
@@ -129,9 +138,10 @@ class LARS(FlatOptimizer):
 
     def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.001,
                  norm_weight_decay=None, grad_scale=1.0, align=1024, momentum_correction=True):
-        super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align)
+        super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align,
+                         momentum_correction)
         xp = get_array_module(self.flat.data)
-        self.eta, self.momentum_correction = eta, momentum_correction
+        self.eta = eta
         index = numpy.full(len(self.flat.data), len(self.flat.params), dtype=numpy.int32)  # padding
         for i, (start, end) in enumerate(self.flat.segments):
             index[start:end] = i
@@ -156,9 +166,9 @@ class LARS(FlatOptimizer):
     def step(self):
         xp = get_array_module(self.flat.data)
         w, v, d = self.flat.data, self.velocity, self._scratch
-        if self.momentum_correction and self.previous_lr not in (None, self.lr):
-            v *= self.lr / self.previous_lr
-        self.previous_lr = self.lr
+        correction = self.velocity_correction()
+        if correction != 1.0:
+            v *= correction
         xp.multiply(self.flat.grad, self.grad_scale, out=d)
         rate = (self.lr * self.trust_ratios(d)).astype(w.dtype)[self.tensor_index]
         if self.decay is not None:

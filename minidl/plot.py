@@ -22,8 +22,9 @@ from matplotlib.figure import Figure  # the object API needs no display and no p
 
 from minidl.errors import UserError
 from minidl.fileio import write_bytes_atomic
+from minidl.steplog import PHASES
 
-TIME_SPLITS = ("data", "forward", "backward", "allreduce", "optimizer")
+TIME_SPLITS = PHASES  # what steps.jsonl splits each step into
 
 # file name, y label, [(source, key, legend, scale)]
 FIGURES = [

@@ -227,7 +227,7 @@ class Trainer:
             why = f"{self.comm.size} processes" if self.comm.size > 1 else f"--opt {self.config.opt}"
             self.notice(f"--cuda-graph captures single-process SGD runs; with {why} every step runs eagerly")
             return None
-        return DeviceStep(self.model, self.optimizer, self.config.label_smoothing, self.config.amp, self.reducer)
+        return DeviceStep(self.model, self.optimizer, self.config.label_smoothing, self.config.amp)
 
     def graph_for(self, plan):
         """The captured step for this epoch's micro-batch, or None: its steps run eagerly."""
@@ -243,9 +243,13 @@ class Trainer:
             self.graphed = GraphedStep(self.device_step, self.optimizer, shape)
         return self.graphed
 
-    def forward_loss(self, images, labels):
+    def refresh_shadow(self):
+        """The bf16 copy of the weights (--amp) as the last update left them: once per step and
+        before evaluating, not per micro-batch or per validation batch."""
         if self.shadow is not None:
-            self.shadow.refresh()  # the weights as the last update left them
+            self.shadow.refresh()
+
+    def forward_loss(self, images, labels):
         with autocast(self.config.amp):
             logits = self.model(Tensor(normalize(images, xp)))
         return logits, ops.softmax_cross_entropy(logits, xp.asarray(labels), self.config.label_smoothing)
@@ -255,6 +259,7 @@ class Trainer:
         optimizer, timer = self.optimizer, self.timer
         optimizer.lr = self.schedule(self.epoch + self.step / steps)
         optimizer.zero_grad()
+        self.refresh_shadow()
         timer.start()
         nonfinite = False
         for k in range(plan.accum_steps):
@@ -373,6 +378,7 @@ class Trainer:
 
     def evaluate(self):
         self.average_bn_statistics()
+        self.refresh_shadow()
         self.model.eval()
         loss_sum, top1, top5, count = 0.0, 0, 0, 0
         with no_grad():

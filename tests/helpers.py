@@ -79,18 +79,6 @@ def distinct(shape, seed=0, spacing=0.01):
     return (r.permutation(n).reshape(shape) - n / 2) * spacing
 
 
-def float64(model):
-    """Convert a model to float64 without Module.astype (which currently fails on any model with
-    buffers, see tests/test_nn.py); once that is fixed this can be
-    `model.astype(np.float64)`."""
-    for _, module in model.named_modules():
-        for parameter in module._parameters.values():
-            parameter.data = parameter.data.astype(np.float64)
-        for name in list(module._buffers):
-            module.register_buffer(name, getattr(module, name).astype(np.float64))
-    return model
-
-
 # --- layout conversions at the torch boundary -------------------------------------------------
 
 def nhwc_to_nchw(array):

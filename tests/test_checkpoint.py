@@ -219,7 +219,7 @@ def test_training_state_round_trip_restores_in_place(tmp_path, optimizer):
     assert other_opt.previous_lr == meta["previous_lr"]
 
 
-def test_restoring_into_another_model_or_optimizer_is_refused(tmp_path):
+def test_restoring_into_another_model_or_optimizer_is_refused():
     model, opt = trained_pair(1)
     arrays, meta = training_state(model, opt)
     nn.manual_seed(0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_close, copy_to_torch, float64, kcrs_to_krsc, nhwc_to_nchw, rng
+from helpers import assert_close, copy_to_torch, kcrs_to_krsc, nhwc_to_nchw, rng
 from minidl import Tensor, models, nn, ops
 from minidl.bench.torch_resnet import torch_cifar_resnet, torch_resnet50
 
@@ -88,7 +88,7 @@ def randomize_norm_state(model, seed):
 ], ids=["resnet50", "resnet20"])
 def test_training_step_matches_torch(builder, reference, x_shape, classes):
     nn.manual_seed(1)
-    ours = float64(getattr(models, builder)(num_classes=classes))
+    ours = getattr(models, builder)(num_classes=classes).astype(np.float64)
     randomize_norm_state(ours, seed=2)
     theirs = reference(classes).double().train()
     copy_to_torch(ours, theirs)
@@ -100,7 +100,7 @@ def test_training_step_matches_torch(builder, reference, x_shape, classes):
 
 def test_eval_mode_uses_running_stats_like_torch():
     nn.manual_seed(5)
-    ours = float64(models.resnet20(num_classes=7))
+    ours = models.resnet20(num_classes=7).astype(np.float64)
     randomize_norm_state(ours, seed=6)
     theirs = torch_cifar_resnet(20, 7).double()
     copy_to_torch(ours, theirs)
@@ -174,7 +174,7 @@ def test_zero_init_residual(builder, last, blocks):
 
 def test_zero_init_residual_blocks_start_as_identity():
     nn.manual_seed(8)
-    model = float64(models.resnet20(num_classes=10, zero_init_residual=True))
+    model = models.resnet20(num_classes=10, zero_init_residual=True).astype(np.float64)
     x = Tensor(np.abs(rng(9).standard_normal((2, 6, 6, 16))))  # non-negative: relu(x) == x
     block = model.layer1[1]
     np.testing.assert_array_equal(block(x).data, x.data)

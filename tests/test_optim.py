@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import copy_to_torch, float64, kcrs_to_krsc, krsc_to_kcrs, nhwc_to_nchw, rng
+from helpers import copy_to_torch, kcrs_to_krsc, krsc_to_kcrs, nhwc_to_nchw, rng
 from minidl import Tensor, nn, ops
 from minidl.optim import SGD
 
@@ -43,7 +43,7 @@ class TorchSmallNet(torch.nn.Module):
 
 def small_net(seed=0):
     nn.manual_seed(seed)
-    model = float64(SmallNet())  # before any optimizer, so no views are broken
+    model = SmallNet().astype(np.float64)  # before any optimizer, so no views are broken
     for name, p in model.named_parameters():
         if p.kind == "norm":  # non-trivial γ, β
             p.data[...] = rng(seed + 1).uniform(0.5, 1.5, p.shape) if name.endswith("weight") else 0.1

@@ -16,19 +16,21 @@ Targets (met here, not in tests): convolutions ≥ 0.5× cuDNN (geometric mean),
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 
 import numpy
 
+from minidl.dist.costmodel import RESNET50_GRADIENT_BYTES
 from minidl.errors import UserError
+from minidl.fileio import write_json_atomic
+from minidl.optim import padded_size
 
 # FLOP per clock per SM (dense), by compute capability: (fp32 FMA units, TF32 and bf16 tensor cores)
 PEAK_FLOP_PER_CLOCK = {(8, 0): {"fp32": 128, "tf32": 1024, "bf16": 2048},
                        (9, 0): {"fp32": 256, "tf32": 2048, "bf16": 4096}}
 RESNET50_STAGES = ((64, 3), (128, 4), (256, 6), (512, 3))  # (planes, blocks), v1.5: stride in the 3×3
-PARAMETERS_RESNET50 = 25_557_032
+PARAMETERS_RESNET50 = RESNET50_GRADIENT_BYTES // 4
 DEVICE = "cuda"  # PyTorch's device for the peers (tests run the measuring code on "cpu")
 
 
@@ -244,7 +246,7 @@ def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows):
 
 
 def bench_sgd(gpu, cupy, torch, timer, rows):
-    n = -(-PARAMETERS_RESNET50 // 1024) * 1024
+    n = padded_size(PARAMETERS_RESNET50, 1024)  # the flat buffer, as FlatParameters pads it
     rng = cupy.random.default_rng(0)
     w, g, u = (rng.standard_normal(n, dtype=cupy.float32) for _ in range(3))
     decay = cupy.full(n, 1e-4, dtype=cupy.float32)
@@ -305,14 +307,6 @@ def format_table(rows, ceilings, summary):
     return "\n".join(lines)
 
 
-def write_json(path, obj):
-    """Atomically: a run killed mid-write leaves the previous complete file."""
-    temporary = f"{path}.tmp"
-    with open(temporary, "w") as f:
-        json.dump(obj, f)
-    os.replace(temporary, path)
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m minidl.bench kernels", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-size", type=int, default=32)
@@ -357,7 +351,7 @@ def main(argv):
             super().append(row)
             if args.json not in (None, "-"):
                 report["rows"], report["summary"] = list(self), summarize(list(self), ceilings)
-                write_json(args.json, report)
+                write_json_atomic(args.json, report)
 
     rows = Progress()
     only = set(args.only.split(","))
@@ -375,6 +369,6 @@ def main(argv):
         print(json.dumps(report))
         return 0
     if args.json is not None:
-        write_json(args.json, report)
+        write_json_atomic(args.json, report)
     print(format_table(report["rows"], ceilings, report["summary"]))
     return 0

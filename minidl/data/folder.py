@@ -17,7 +17,7 @@ IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
 LAYOUT = "train/<class>/ and val/<class>/ image folders"
 
 
-def _is_image(entry):
+def is_image(entry):
     return entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS)
 
 
@@ -55,7 +55,7 @@ def scan_split(root, split):
     files = []
     for name in classes:
         with os.scandir(split_dir / name) as entries:
-            images = sorted(e.name for e in entries if _is_image(e))
+            images = sorted(e.name for e in entries if is_image(e))
         if not images:
             raise _empty_class_error(split_dir / name)
         files.append(images)
@@ -87,7 +87,7 @@ def check_folder_layout(root):
         for name in classes[split]:
             folder = Path(root) / split / name
             with os.scandir(folder) as entries:
-                if not any(_is_image(e) for e in entries):
+                if not any(is_image(e) for e in entries):
                     raise _empty_class_error(folder)
     return classes["train"]
 

@@ -25,6 +25,7 @@ import math
 from minidl.backend import get_array_module
 from minidl.dist.comm import DONE
 from minidl.errors import UserError
+from minidl.optim import padded_size
 
 ALGORITHMS = ("ring", "hierarchical", "torus2d")
 
@@ -105,7 +106,7 @@ class AllReduce:
         if buffer.ndim != 1 or buffer.dtype.name not in ("float32", "float64"):
             raise ValueError(f"all-reduce takes a 1-D float32 or float64 buffer, not {buffer.ndim}-D {buffer.dtype}")
         scratch = scratch or _new_scratch
-        padded = -(-buffer.size // self.alignment) * self.alignment
+        padded = padded_size(buffer.size, self.alignment)
         work = buffer if padded == buffer.size else scratch("padded", padded, buffer)
         if self.inner is None:
             stages = [(self.outer, "allreduce", work, work)] if self.outer is not None else []

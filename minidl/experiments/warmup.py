@@ -22,6 +22,7 @@ from pathlib import Path
 
 from minidl.config import Config
 from minidl.data import make_embedded_dataset
+from minidl.fileio import write_json_atomic
 
 REFERENCE_BATCH = 32  # n, images per (simulated) worker
 
@@ -118,8 +119,7 @@ def main(argv=None):
     output = Path(args.output_dir)
     text = markdown(table, args)
     (output / "table.md").write_text(text + "\n")
-    (output / "results.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items()},
-                                                     "curves": results, "table": table}, indent=1))
+    write_json_atomic(output / "results.json", {"args": vars(args), "curves": results, "table": table})
     plot(results, output / "curves.png")
     print(text)
     print(f"curves: {output / 'curves.png'}")

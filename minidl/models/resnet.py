@@ -15,8 +15,7 @@ last BN of every residual block starts at γ = 0, so each block starts as the id
 Every BN that a ReLU follows is fused with it, and a block ends in one fused BN+add+ReLU
 (minidl.ops.fused: one kernel sequence on a GPU, the unfused arithmetic elsewhere). Under
 --amp (minidl.backend.autocast) the residual stages run in bf16: the activations are cast after
-the stem's pooling and back to float32 before the average pool and the classifier, and each
-block gives its input to its two branches through `ops.fork`.
+the stem's pooling and back to float32 before the average pool and the classifier.
 """
 import math
 
@@ -62,9 +61,8 @@ class BasicBlock(nn.Module):
         return self.bn2
 
     def forward(self, x):
-        x, shortcut_input = ops.fork(x)
         out = bn_relu(self.bn1, self.conv1(x))
-        identity = shortcut_input if self.downsample is None else self.downsample(shortcut_input)
+        identity = x if self.downsample is None else self.downsample(x)
         return bn_relu(self.bn2, self.conv2(out), residual=identity)
 
 
@@ -86,10 +84,9 @@ class Bottleneck(nn.Module):
         return self.bn3
 
     def forward(self, x):
-        x, shortcut_input = ops.fork(x)
         out = bn_relu(self.bn1, self.conv1(x))
         out = bn_relu(self.bn2, self.conv2(out))
-        identity = shortcut_input if self.downsample is None else self.downsample(shortcut_input)
+        identity = x if self.downsample is None else self.downsample(x)
         return bn_relu(self.bn3, self.conv3(out), residual=identity)
 
 

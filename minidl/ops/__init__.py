@@ -4,7 +4,7 @@ These run on NumPy and CuPy alike and are the oracle for the CUDA kernels.
 """
 from minidl.autograd import add
 from minidl.ops.activation import relu
-from minidl.ops.cast import fork, to_compute_dtype, to_float
+from minidl.ops.cast import to_compute_dtype, to_float
 from minidl.ops.conv import conv2d
 from minidl.ops.fused import batch_norm_add_relu, batch_norm_relu
 from minidl.ops.linear import linear
@@ -12,5 +12,5 @@ from minidl.ops.loss import softmax_cross_entropy
 from minidl.ops.norm import batch_norm
 from minidl.ops.pool import global_avg_pool, max_pool2d
 
-__all__ = ["add", "batch_norm", "batch_norm_add_relu", "batch_norm_relu", "conv2d", "fork", "global_avg_pool",
+__all__ = ["add", "batch_norm", "batch_norm_add_relu", "batch_norm_relu", "conv2d", "global_avg_pool",
            "linear", "max_pool2d", "relu", "softmax_cross_entropy", "to_compute_dtype", "to_float"]

@@ -1,13 +1,8 @@
-"""The operations of the dtype policy (minidl.backend.autocast): casts into and out of bf16, and
-`fork`, which gives one bf16 tensor to two branches.
+"""The operations of the dtype policy (minidl.backend.autocast): casts into and out of bf16.
 
-Outside autocast, and for data that is not bf16, all three are the identity and record nothing:
-the CPU path and float32 runs are exactly what they were without them.
-
-Why `fork`: a tensor read by two operations (a residual block's input: its first convolution and
-its shortcut) receives two gradients, and autograd sums them with `+`, which on bf16 bits would
-be integer addition. Given to the branches through `fork`, the tensor receives one gradient: the
-bf16 sum that Fork's backward computes with a kernel.
+Outside autocast, and for data that is not bf16, both are the identity and record nothing: the
+CPU path and float32 runs are exactly what they were without them. (Where a bf16 tensor feeds two
+operations, autograd sums its two gradients with the bf16 kernel: minidl.autograd.)
 """
 import numpy
 
@@ -28,16 +23,6 @@ class Cast(Function):
         return kernels.device().cast(gy, self.source)
 
 
-class Fork(Function):
-    def forward(self, x):
-        return x, x
-
-    def backward(self, ga, gb):
-        if ga is None or gb is None:
-            return gb if ga is None else ga
-        return kernels.device().bf16_add(ga, gb)
-
-
 def _cast(x, dtype):
     if not kernels.wants(x.data):
         raise TypeError(f"bf16 exists only on the GPU kernels: cannot cast {x.dtype} data to {numpy.dtype(dtype)} here")
@@ -54,7 +39,3 @@ def to_float(x):
     """x as float32 where it is bf16 (the gradient goes back as bf16); otherwise x itself."""
     return _cast(x, numpy.float32) if x.dtype == BF16 else x
 
-
-def fork(x):
-    """(x, x) for two branches; for bf16 data their gradients meet in a bf16 sum."""
-    return Fork()(x) if x.dtype == BF16 else (x, x)

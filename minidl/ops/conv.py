@@ -143,10 +143,10 @@ def _input_grad_is_correlation(gy, w, stride, padding):
 
 def grad_input(gy, w, x_shape, stride, padding):
     """dL/dx (see _input_grad_is_correlation for the method)."""
-    if _input_grad_is_correlation(gy, w, stride, padding):
-        return _grads_from_dy_windows(gy, w, None, padding)[0]
-    xp = get_array_module(gy)
     k, r, s, _ = w.shape
+    if _input_grad_is_correlation(gy, w, stride, padding):
+        return _correlate(gy, flipped_weights(w), r, s, 1, r - 1 - padding)
+    xp = get_array_module(gy)
     w2d = w.reshape(k, -1)
     gx = xp.empty(x_shape, dtype=gy.dtype)
 
@@ -178,8 +178,7 @@ def grad_weight(x, gy, w, stride, padding):
 
 
 def _grads_from_dy_windows(gy, w, x, padding):
-    """(dL/dx, dL/dw, or None where x is None) of a stride-1 convolution from ONE im2col of dy
-    per chunk: its row for input pixel (h, w) holds every dy that pixel contributed to, at
+    """(dL/dx, dL/dw) of a stride-1 convolution from ONE im2col of dy per chunk: its row for input pixel (h, w) holds every dy that pixel contributed to, at
     window position (r', s') = (R−1−r, S−1−s). So dx = cols @ flipped_weights(w), and
     colsᵀ @ x, summed over chunks, is dL/dw with rows (r', s', k): flipped back at the end."""
     xp = get_array_module(gy)
@@ -193,13 +192,10 @@ def _grads_from_dy_windows(gy, w, x, padding):
     def chunk(start, stop, multiply=xp.matmul):
         cols = im2col(gy[start:stop], r, s, 1, pad)
         multiply(cols, w_flipped, out=gx[start:stop].reshape(-1, c))
-        if x is not None:
-            x2d = x[start:stop].reshape(-1, c)
-            return multiply(cols.T, x2d, out=xp.empty((cols.shape[1], c), dtype=gx.dtype))
+        x2d = x[start:stop].reshape(-1, c)
+        return multiply(cols.T, x2d, out=xp.empty((cols.shape[1], c), dtype=gx.dtype))
 
     parts = _over_chunks(chunk, _image_chunks(n, h, width, r * s * k, w.itemsize))
-    if x is None:
-        return gx, None
     gw = sum_in_order(parts).reshape(r, s, k, c)[::-1, ::-1].transpose(2, 0, 1, 3)
     return gx, xp.ascontiguousarray(gw)
 

@@ -32,7 +32,6 @@ CXX = os.environ.get("CXX", "g++")
 FLAGS = ["-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
          "-Wno-unused-parameter", "-Wno-unused-function", "-Wno-unknown-pragmas"]
 GUARD = 4096
-NULL = numpy.uint64(0)
 
 POINTEE = {"f32": numpy.float32, "f64": numpy.float64, "bf16": numpy.uint16, "i32": numpy.int32,
            "u32": numpy.uint32, "i64": numpy.int64, "u64": numpy.uint64, "u8": numpy.uint8}

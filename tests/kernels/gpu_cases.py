@@ -34,9 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import oracle  # noqa: E402
 import step_checks  # noqa: E402
-from minidl import backend, kernels, models, nn  # noqa: E402
+from step_checks import seeded  # noqa: E402
+from minidl import Tensor, backend, kernels, models, nn, ops  # noqa: E402
 from minidl.bench.kernels import PARAMETERS_RESNET50, resnet50_batch_norms, resnet50_convs  # noqa: E402
 from minidl.models.resnet import Bottleneck  # noqa: E402
+from minidl.optim import SGD, padded_size  # noqa: E402
 
 BATCH = 32
 STEP_BATCH = int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16"))  # the CPU side of the step takes the time
@@ -45,7 +47,7 @@ STEP_BATCH = int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16"))  # the CPU side 
 # few ulps) and by 6.4e-2 under 2^-11 (TF32's rounding): the model's conditioning, not the
 # kernels, sets these errors. A wrong kernel gives errors of order 1.
 STEP_TOLERANCE = {"fp32": 5e-3, "tf32": 1e-1}
-FLAT_SIZE = -(-PARAMETERS_RESNET50 // 1024) * 1024  # the padded flat buffer
+FLAT_SIZE = padded_size(PARAMETERS_RESNET50, 1024)  # the padded flat buffer
 AMP_BATCH = 16  # the bf16 and graph steps: both sides run on the GPU
 
 
@@ -66,13 +68,6 @@ def on_cupy(check):
     gpu = inspect.Parameter("gpu", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     case.__signature__ = signature.replace(parameters=[gpu, *signature.parameters.values()])
     return case
-
-
-def seeded(build):
-    def seeded_build():
-        nn.manual_seed(0)
-        return build()
-    return seeded_build
 
 
 def resnet50():
@@ -164,8 +159,6 @@ def to_host(model):
 
 def resnet50_step(on_gpu, seed=0):
     """(loss, flat grad, flat params after the step, BN running stats) of one SGD step, as NumPy."""
-    from minidl import Tensor, models, nn, ops
-    from minidl.optim import SGD
     nn.manual_seed(seed)
     model = step_checks.randomized(lambda: models.resnet50(num_classes=1000), step_checks.LAST_GAMMA_SCALE)()
     if not on_gpu:

@@ -163,6 +163,14 @@ def one_step(build, images, labels, amp, weight_noise=0.0):
     return loss_sum / len(labels), [to_numpy(p.grad.data).copy() for p in model.parameters()], buffers_of(model)
 
 
+def seeded(build):
+    """`build` from the same seed at every call: each side of a comparison starts alike."""
+    def seeded_build():
+        nn.manual_seed(0)
+        return build()
+    return seeded_build
+
+
 def randomized(build, last_gamma_scale=1.0):
     """`build` followed by randomize_norms, and the γ ending each residual branch times `last_gamma_scale`."""
     def build_and_randomize():

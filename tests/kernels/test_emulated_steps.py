@@ -12,7 +12,7 @@ import pytest
 
 import oracle
 import step_checks
-from minidl import nn
+from step_checks import seeded
 from minidl.device_step import DeviceStep
 from minidl.models.resnet import BasicBlock, Bottleneck, ResNet, cifar_stem
 from minidl.optim import SGD
@@ -33,13 +33,6 @@ FUSED_CASES = {
 def test_fused_op_gpu_branch(emulated_gpu, case):
     mode, shape, residual, training, group_size = FUSED_CASES[case]
     step_checks.check_fused_op(numpy, mode, shape, residual, training, group_size)
-
-
-def seeded(build):
-    def seeded_build():
-        nn.manual_seed(0)
-        return build()
-    return seeded_build
 
 
 @pytest.mark.parametrize("build, shape", [
