@@ -1,4 +1,4 @@
-// The elementwise kernels of the bf16 compute path (--amp, minidl/backend.py's policy): float32 to
+// The elementwise kernels of the bf16 compute path (--amp, minidl/amp.py's policy): float32 to
 // bf16 and back, and the sum of two bf16 gradients.
 //
 // Reference: tests/kernels (a NumPy round-to-nearest-even and torch's bfloat16 conversion).
@@ -13,7 +13,10 @@
 // Shapes: any element count (64-bit).
 #include <cuda_bf16.h>
 
-constexpr int AMP_THREADS = 256;
+// AMP_THREADS comes from minidl/kernels/amp.py as a -D option.
+#ifndef AMP_THREADS
+#error "compile with the options of minidl/kernels/amp.py (AMP_THREADS)"
+#endif
 
 // i = first, first + stride, ... < n over the whole grid
 #define FOR_EACH_ELEMENT(i, n)                                                                   \

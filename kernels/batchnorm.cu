@@ -31,13 +31,16 @@
 // Storage type T: float or __nv_bfloat16 for x, y, dy, dx, residual; statistics, γ, β and all
 // arithmetic are fp32. Shapes: any rows and C (ResNet-50: C from 64 to 2048, rows = N·H·W from
 // N·49 to N·12544).
+//
+// The block shapes (BN_CHANNELS, BN_ROW_LANES, FINALIZE_LANES) come from minidl/kernels/batchnorm.py
+// as -D options.
 #include <cuda_bf16.h>
 
-constexpr int BN_CHANNELS = 32;
-constexpr int BN_ROW_LANES = 8;
+#if !defined(BN_CHANNELS) || !defined(BN_ROW_LANES) || !defined(FINALIZE_LANES)
+#error "compile with the options of minidl/kernels/batchnorm.py (BN_CHANNELS, BN_ROW_LANES, FINALIZE_LANES)"
+#endif
 constexpr int BN_THREADS = BN_CHANNELS * BN_ROW_LANES;
 constexpr int BN_UNROLL = 4;
-constexpr int FINALIZE_LANES = 32;
 constexpr int BN_FINALIZE_THREADS = BN_CHANNELS * FINALIZE_LANES;
 
 __device__ __forceinline__ float to_float(float v) { return v; }

@@ -27,12 +27,15 @@
 // reduction is split into gridDim.z ranges (split-K) writing fp32 partial tiles to a workspace
 // that splitk_reduce sums in a fixed order: the result does not depend on scheduling.
 //
-// Tile configurations (the template argument; minidl/kernels.py picks one per call):
+// Tile configurations (the TileConfig template argument; minidl/kernels/conv.py declares them
+// and picks one per call):
 //   Tf32Tile  fp32 data, TF32 tensor cores (m16n16k8), 128×128×16, 3 stages, 8 warps of 64×32
 //   Bf16Tile  bf16 data, bf16 tensor cores (m16n16k16), 128×128×32, 3 stages, 8 warps of 64×32
 //   SimtTile  fp32 data and arithmetic, 64×64×16, 2 stages, 4×4 outputs per thread: channel
 //             counts that are not a multiple of the 16-byte copy (the 3-channel stem), and exact
 //             fp32 where TF32 is not wanted
+// Launch constants (CONV_THREADS, CONV_BLOCKS_PER_SM, SPLITK_THREADS) come from the same module
+// as -D options.
 // Accumulation is fp32 everywhere; wgrad writes fp32 also for bf16 data.
 //
 // Shapes: any N, H, W, R, S, stride, padding; the tensor-core tiles need C and K multiples of
@@ -42,6 +45,10 @@
 #include <mma.h>
 #include <cuda_bf16.h>
 #include <cuda_pipeline_primitives.h>
+
+#if !defined(CONV_THREADS) || !defined(CONV_BLOCKS_PER_SM) || !defined(SPLITK_THREADS)
+#error "compile with the options of minidl/kernels/conv.py (CONV_THREADS, CONV_BLOCKS_PER_SM, SPLITK_THREADS)"
+#endif
 
 #ifndef DYNAMIC_SHARED_MEMORY  // the CPU emulator (tests/kernels/emu) defines its own
 #define DYNAMIC_SHARED_MEMORY(type, name)                                    \
@@ -59,22 +66,21 @@ __device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 
 // ---- tile configurations ----------------------------------------------------------------------
-template <typename T_, bool TENSOR_CORES_, int BM_, int BN_, int BK_, int STAGES_>
+// SMEM_BYTES_ is the dynamic shared memory the launcher gives the block: it must be this layout's
+template <typename T_, bool TENSOR_CORES_, int BM_, int BN_, int BK_, int STAGES_, int SMEM_BYTES_>
 struct TileConfig {
     using T = T_;
     static constexpr bool TENSOR_CORES = TENSOR_CORES_;
-    static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, THREADS = 256;  // = CONV_THREADS
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, THREADS = CONV_THREADS;
     static constexpr int CHUNK = TENSOR_CORES ? 16 / int(sizeof(T)) : 1;  // elements per async copy
     static constexpr int PAD = CHUNK;  // row padding: rows stay 16-byte multiples, banks are staggered
     // a buffer holds its tile k-major (rows of BK) or m/n-major (rows of BM or BN), whichever the pass uses
     static constexpr int A_ELEMS = cmax(BM * (BK + PAD), BK * (BM + PAD));
     static constexpr int B_ELEMS = cmax(BN * (BK + PAD), BK * (BN + PAD));
     static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
-    static constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * int(sizeof(T));  // = minidl/kernels.py's
+    static constexpr int SMEM_BYTES = SMEM_BYTES_;
+    static_assert(STAGES * STAGE_ELEMS * int(sizeof(T)) == SMEM_BYTES, "the launcher's shared memory fits this layout");
 };
-struct Tf32Tile : TileConfig<float, true, 128, 128, 16, 3> {};
-struct Bf16Tile : TileConfig<__nv_bfloat16, true, 128, 128, 32, 3> {};
-struct SimtTile : TileConfig<float, false, 64, 64, 16, 2> {};
 
 struct Conv {
     int N, H, W, C, K, R, S, P, Q, stride, pad;
@@ -450,7 +456,6 @@ __device__ void implicit_gemm(Pass& pass) {
 // ---- kernels --------------------------------------------------------------------------------
 // Two blocks per SM (so at most 128 registers a thread): one block's copies and barriers overlap
 // the other's math; 2 × 60 KiB of shared memory fits the SM's 228 KiB.
-constexpr int CONV_THREADS = 256, CONV_BLOCKS_PER_SM = 2;
 
 // the tensor arguments of the three passes, then the geometry every kernel takes
 #define CONV_GEOMETRY int N, int H, int W, int C, int K, int R, int S, int P, int Q, int stride, int pad
@@ -482,7 +487,7 @@ __global__ void __launch_bounds__(CONV_THREADS, CONV_BLOCKS_PER_SM)
 }
 
 // out[i] = Σ_z partial[z][i], z in order
-__global__ void __launch_bounds__(256) splitk_reduce(const float* partial, float* out, int count, int splits) {
+__global__ void __launch_bounds__(SPLITK_THREADS) splitk_reduce(const float* partial, float* out, int count, int splits) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
         float sum = 0.0f;
         for (int z = 0; z < splits; ++z) sum += partial[(long long)z * count + i];

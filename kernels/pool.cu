@@ -15,7 +15,10 @@
 // ResNet stem's 3×3 stride-2 pool with padding 1 and the 7×7 final average pool are the
 // cases that matter.
 
-constexpr int POOL_THREADS = 256;
+// POOL_THREADS comes from minidl/kernels/pool.py as a -D option.
+#ifndef POOL_THREADS
+#error "compile with the options of minidl/kernels/pool.py (POOL_THREADS)"
+#endif
 constexpr unsigned char NO_ARGMAX = 255;  // a window entirely in the padding
 
 __global__ void __launch_bounds__(POOL_THREADS) max_pool_forward(const float* x, float* y, unsigned char* argmax,

@@ -20,13 +20,16 @@
 // one (__fmul_rn, __fadd_rn): nothing is contracted into an FMA, and the result equals
 // NumPy's float32 reference bit for bit.
 //
-// In a CUDA graph (minidl/graph.py) the launch arguments are frozen at capture, yet the rate
+// In a CUDA graph (minidl/training/graph.py) the launch arguments are frozen at capture, yet the rate
 // changes every step: sgd_momentum_scalars reads lr, grad_scale and velocity_scale from device
 // memory when it runs, and sgd_store_scalars, launched before each replay, puts them there.
 //
 // Shapes: any n (a grid-stride loop covers the buffer whatever the grid).
 
-constexpr int SGD_THREADS = 256;
+// SGD_THREADS comes from minidl/kernels/sgd.py as a -D option.
+#ifndef SGD_THREADS
+#error "compile with the options of minidl/kernels/sgd.py (SGD_THREADS)"
+#endif
 
 // VECTOR consecutive floats, loaded and stored as one access
 template <int VECTOR> struct Pack;

@@ -12,7 +12,10 @@
 //
 // Shapes: any N (grid = N blocks) and K (ImageNet's 1000, CIFAR's 10); labels are int64.
 
-constexpr int XENT_THREADS = 256;
+// XENT_THREADS comes from minidl/kernels/softmax_xent.py as a -D option.
+#ifndef XENT_THREADS
+#error "compile with the options of minidl/kernels/softmax_xent.py (XENT_THREADS)"
+#endif
 constexpr int XENT_WARPS = XENT_THREADS / 32;
 
 template <typename Op>

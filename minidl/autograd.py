@@ -19,7 +19,7 @@ accumulated into IN PLACE, which keeps that view valid.
 
 Hook: a tensor whose `grad_hook` is set (None by default, a class attribute) has it called
 as `grad_hook(tensor)` right after each accumulation into its `.grad`. The gradient
-all-reduce (minidl.dist.GradientReducer) uses it to launch communication during backward.
+all-reduce (minidl.distributed.GradientReducer) uses it to launch communication during backward.
 """
 import contextlib
 import heapq
@@ -169,7 +169,7 @@ def _add_gradients(a, b):
     """a + b; bf16 gradients (uint16 bits, --amp) are summed by their kernel, not as integers:
     a residual block's input, read by both branches, receives two."""
     if a.dtype == BF16:
-        return kernels.device().bf16_add(a, b)
+        return kernels.active().bf16_add(a, b)
     return a + b
 
 

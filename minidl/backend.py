@@ -4,22 +4,12 @@
 is a user error. Every other module writes `from minidl.backend import xp` and stays
 agnostic of which library it got.
 
-The dtype policy (--amp, GPU only). Parameters, their gradients, the optimizer's buffers, BN's
-γ, β and statistics, and the loss stay float32 always. Inside `autocast()` the compute dtype
-is bf16: the models cast their activations to it after the stem (minidl.ops.to_compute_dtype)
-and back to float32 before the classifier (minidl.ops.to_float). In between every op has a bf16
-kernel: convolutions read bf16 activations and a bf16 copy of the float32 weights made once
-per step (minidl.kernels.Bf16Shadow) and accumulate in fp32 (grad-weight comes out float32,
-straight into the float32 gradient buffer); batch norm (plain and fused with ReLU and the
-residual addition) reads bf16, computes in fp32 and writes bf16; gradients flowing back between
-layers are bf16. bf16 values live in `BF16` arrays, their raw bits: NumPy and CuPy have no
-bfloat16 dtype, and no operation outside minidl.kernels may treat those bits as numbers.
+`BF16` is the container of bfloat16 values (their raw bits, see minidl.amp): NumPy and CuPy
+have no bfloat16 dtype.
 """
-import contextlib
-import os
-
 import numpy
 
+from minidl import environment
 from minidl.errors import UserError
 
 
@@ -35,9 +25,7 @@ def _cupy_if_usable():
 
 
 def _select():
-    wanted = os.environ.get("MINIDL_DEVICE", "").strip().lower()
-    if wanted not in ("", "cpu", "gpu"):
-        raise UserError(f"MINIDL_DEVICE={wanted!r} is not a device: set it to cpu or gpu, or unset it")
+    wanted = environment.value("MINIDL_DEVICE")
     if wanted == "cpu":
         return numpy
     cupy = _cupy_if_usable()
@@ -50,25 +38,6 @@ def _select():
 xp = _select()
 on_gpu = xp is not numpy
 BF16 = numpy.uint16  # the container of bfloat16 bits
-_compute_dtype = None  # BF16 inside autocast(); None: every op computes in its input's dtype
-
-
-def compute_dtype():
-    """BF16 inside `autocast()`, else None (the activations keep the model's own dtype)."""
-    return _compute_dtype
-
-
-@contextlib.contextmanager
-def autocast(enabled=True):
-    """Compute the activations in bf16 inside (--amp; GPU only). With enabled=False, a no-op."""
-    global _compute_dtype
-    if enabled:
-        require_gpu("--amp")
-    previous, _compute_dtype = _compute_dtype, BF16 if enabled else None
-    try:
-        yield
-    finally:
-        _compute_dtype = previous
 
 
 def require_gpu(flag):

@@ -1,4 +1,9 @@
-"""The training configuration: every knob of a run, its defaults, and its validation.
+"""The training configuration: every setting of a run declared ONCE, in `SETTINGS`.
+
+A `Setting` holds its name (the `Config` field), its command-line flags, help text, type, its
+defaults and its check. From that one list come the `Config` dataclass, the argparse parser
+(minidl.train), the validation, the dataset profiles and the record written to config.json:
+adding a setting is adding one entry.
 
 A field left as None is filled from layers, the first that sets it winning:
   1. a recipe (`--recipe goyal|sony`): the papers' hyper-parameters;
@@ -8,28 +13,127 @@ A field left as None is filled from layers, the first that sets it winning:
 Explicit values always win. Validation raises UserError naming the problem and the fix.
 """
 import dataclasses
-import os
+import json
 from pathlib import Path
 
+from minidl import environment
 from minidl.backend import require_gpu
 from minidl.data import TRAIN_TRANSFORMS
-from minidl.dist import ALGORITHMS, BACKENDS, parse_shape
+from minidl.distributed import ALGORITHMS, BACKENDS, parse_shape
 from minidl.errors import UserError
 from minidl.models import MODELS
 from minidl.optim import SGD
 from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS, BatchSchedule
 
 OPTIMIZERS = ("sgd", "lars")
+UNSET = object()  # a profile or base default that a setting does not have
 
-EMBEDDED_PROFILE = dict(model="resnet20", batch_size=128, epochs=10, lr=0.2, weight_decay=5e-4,
-                        lr_scheduler="cosine", train_crop_size=32, val_crop_size=32, val_resize_size=32,
-                        augment="cifar")
-IMAGENET_PROFILE = dict(model="resnet50", batch_size=32, epochs=90, lr=0.1, weight_decay=1e-4,
-                        lr_scheduler="step", train_crop_size=224, val_crop_size=224, val_resize_size=256,
-                        augment="imagenet")
-BASE_DEFAULTS = dict(lr_base_batch=256, momentum=0.9, label_smoothing=0.0, lr_steps=(30, 60, 80),
-                     lr_gamma=0.1, lr_power=2.0, lr_warmup_epochs=0.0, lr_warmup_method="linear",
-                     opt="sgd", sgd_form="pytorch", lars_eta=0.001, zero_init_residual=False)
+
+def default_cache_dir():
+    return environment.value("MINIDL_CACHE") or str(Path.home() / ".cache" / "minidl")
+
+
+def int_list(text):
+    """'30,60,80' -> (30, 60, 80), for --lr-steps."""
+    try:
+        return tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of epochs, e.g. 30,60,80") from None
+
+
+# ---- checks: (flag, value) -> a message naming the problem, or None --------------------------
+
+def positive_int(flag, value):
+    if value is None or value <= 0:
+        return f"{flag} must be a positive integer, got {value}"
+
+
+def positive_int_or_none(flag, value):
+    return None if value is None else positive_int(flag, value)
+
+
+def positive(flag, value):
+    if value is not None and not value > 0:
+        return f"{flag} must be positive, got {value}"
+
+
+def non_negative(flag, value):
+    if value is not None and value < 0:
+        return f"{flag} must be >= 0, got {value}"
+
+
+def fraction(flag, value):
+    if not 0 <= value < 1:
+        return f"{flag} must be in [0, 1), got {value}"
+
+
+def one_of(options, what=None):
+    def check(flag, value):
+        if value not in options:
+            return f"unknown {what or flag} {value!r}: choose one of {', '.join(map(str, options))}"
+    return check
+
+
+def gpu_only(flag, value):
+    if value:
+        require_gpu(flag)
+
+
+def increasing_epochs(flag, value):
+    if list(value) != sorted(value) or any(step <= 0 for step in value):
+        return f"{flag} must be increasing positive epochs, got {','.join(map(str, value))}"
+
+
+def gamma(flag, value):
+    if not 0 < value <= 1:
+        return f"{flag} must be in (0, 1], got {value}"
+
+
+def torus_shape(flag, value):
+    if value is not None:
+        parse_shape(value)  # raises its own UserError
+
+
+def batch_schedule(flag, value):
+    if value is not None:
+        BatchSchedule.parse(value)  # raises its own UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    flags: tuple
+    help: str
+    group: str
+    type: object = None
+    default: object = None  # the field's own default (None: filled from the layers)
+    default_factory: object = None
+    base: object = UNSET  # the base layer's value
+    embedded: object = UNSET  # the embedded profile's value
+    imagenet: object = UNSET  # the ImageNet profile's value
+    choices: tuple = None  # argparse's choices (the check follows them)
+    action: str = None
+    const: object = None
+    check: object = None
+    note: str = None  # how --help describes a default that is not a value
+
+    @property
+    def flag(self):
+        return self.flags[-1]
+
+    @property
+    def optional(self):
+        """Whether None is a valid value after resolution (it means something: "none", "auto")."""
+        return self.default is None and self.default_factory is None and self.base is UNSET and \
+            self.embedded is UNSET
+
+    def problem(self, value):
+        if self.check:
+            return self.check(self.flag, value)
+        if self.choices and not (value is None and self.optional):
+            return one_of(self.choices)(self.flag, value)
+        return None
+
 
 RECIPES = {
     # Goyal et al. 2017: k workers × 32 images, 0.1 per 256 scaled linearly, 5-epoch gradual
@@ -48,59 +152,112 @@ RECIPES = {
                  label_smoothing=0.1, zero_init_residual=True),
 }
 
+DATA, BATCH, OPTIMIZER, SCHEDULE = "data and model", "batch and recipe", "optimizer", "learning-rate schedule"
+DISTRIBUTED = "distributed (launch with mpiexec -n N python -m mpi4py train.py ...)"
+CHECKPOINTS, RUN, GPU = "checkpoints", "run", "GPU"
 
-def default_cache_dir():
-    return os.environ.get("MINIDL_CACHE") or str(Path.home() / ".cache" / "minidl")
+SETTINGS = (
+    Setting("data_path", ("--data-path",), "ImageNet-layout folder with train/<class>/ and val/<class>/", DATA,
+            note="the embedded dataset"),
+    Setting("model", ("--model",), "resnet18/34/50/101/152 or resnet20/32/56", DATA, embedded="resnet20",
+            imagenet="resnet50", check=one_of(MODELS, "model")),
+    Setting("augment", ("--augment",), "imagenet: random-resized-crop + flip; cifar: pad 4, random crop, flip; "
+            "none: resize + center crop", DATA, embedded="cifar", imagenet="imagenet", choices=TRAIN_TRANSFORMS),
+    Setting("train_crop_size", ("--train-crop-size",), "", DATA, int, embedded=32, imagenet=224, check=positive_int),
+    Setting("val_crop_size", ("--val-crop-size",), "", DATA, int, embedded=32, imagenet=224, check=positive_int),
+    Setting("val_resize_size", ("--val-resize-size",), "", DATA, int, embedded=32, imagenet=256, check=positive_int),
+    Setting("workers", ("-j", "--workers"), "data loading processes (0: in the training process)", DATA, int,
+            default=0, check=non_negative),
+    Setting("zero_init_residual", ("--zero-init-residual",), "γ = 0 in the last BN of every block", DATA,
+            base=False, action="store_const", const=True),
+    Setting("bn_group_size", ("--bn-group-size",), "BN statistics over groups of this many images per process "
+            "(ghost BN)", DATA, int, check=positive_int_or_none, note="the whole micro-batch"),
+
+    Setting("recipe", ("--recipe",), "fill unset flags from a paper's recipe", BATCH, choices=tuple(RECIPES),
+            note="none"),
+    Setting("batch_size", ("-b", "--batch-size"), "images per process and step", BATCH, int, embedded=128,
+            imagenet=32),
+    Setting("batch_schedule", ("--batch-schedule",), "GLOBAL batch from each epoch on, e.g. 0:8192,30:16384 "
+            "(batch-size control)", BATCH, check=batch_schedule, note="-b times the number of processes"),
+    Setting("max_per_rank_batch", ("--max-per-rank-batch",), "largest micro-batch per process; above it gradients "
+            "accumulate", BATCH, int, check=positive_int_or_none, note="no limit"),
+    Setting("epochs", ("--epochs",), "", BATCH, int, embedded=10, imagenet=90, check=positive_int),
+
+    Setting("opt", ("--opt",), "SGD with momentum, or LARS", OPTIMIZER, base="sgd", choices=OPTIMIZERS),
+    Setting("lr", ("--lr",), "reference learning rate for --lr-base-batch images (linear scaling rule)", OPTIMIZER,
+            float, embedded=0.2, imagenet=0.1, check=positive),
+    Setting("lr_base_batch", ("--lr-base-batch",), "the global batch the reference rate is for", OPTIMIZER, int,
+            base=256, check=positive_int),
+    Setting("momentum", ("--momentum",), "", OPTIMIZER, float, base=0.9, check=fraction),
+    Setting("nesterov", ("--nesterov",), "Nesterov momentum", OPTIMIZER, default=False, action="store_true"),
+    Setting("sgd_form", ("--sgd-form",), "pytorch: u ← m·u + g, w ← w − η·u; caffe2: v ← m·v + η·g, w ← w − v "
+            "(Goyal et al., eqs. 9 and 10)", OPTIMIZER, base="pytorch", choices=SGD.FORMS),
+    Setting("momentum_correction", ("--no-momentum-correction",), "with the rate inside the momentum (caffe2, "
+            "LARS), do not rescale it when the rate changes", OPTIMIZER, default=True, action="store_false",
+            note="corrected"),
+    Setting("weight_decay", ("--wd", "--weight-decay"), "", OPTIMIZER, float, embedded=5e-4, imagenet=1e-4,
+            check=non_negative),
+    Setting("norm_weight_decay", ("--norm-weight-decay",), "weight decay of BN parameters and biases", OPTIMIZER,
+            float, check=non_negative, note="the same as --wd"),
+    Setting("lars_eta", ("--lars-eta",), "LARS trust coefficient", OPTIMIZER, float, base=0.001, check=positive),
+    Setting("label_smoothing", ("--label-smoothing",), "ε of torch's label smoothing", OPTIMIZER, float, base=0.0,
+            check=fraction),
+
+    Setting("lr_scheduler", ("--lr-scheduler",), "decay after warmup", SCHEDULE, embedded="cosine",
+            imagenet="step", choices=LR_SCHEDULERS),
+    Setting("lr_steps", ("--lr-steps",), "epochs where the step scheduler multiplies by --lr-gamma", SCHEDULE,
+            int_list, base=(30, 60, 80), check=increasing_epochs),
+    Setting("lr_gamma", ("--lr-gamma",), "", SCHEDULE, float, base=0.1, check=gamma),
+    Setting("lr_power", ("--lr-power",), "exponent of the poly scheduler", SCHEDULE, float, base=2.0,
+            check=non_negative),
+    Setting("lr_warmup_epochs", ("--lr-warmup-epochs",), "", SCHEDULE, float, base=0.0, check=non_negative),
+    Setting("lr_warmup_method", ("--lr-warmup-method",), "linear: gradual per iteration; constant: hold the start",
+            SCHEDULE, base="linear", choices=WARMUP_METHODS),
+    Setting("lr_warmup_start", ("--lr-warmup-start",), "rate at the first iteration", SCHEDULE, float,
+            check=positive, note="the reference --lr"),
+
+    Setting("allreduce", ("--allreduce",), "how ranks sum their gradients", DISTRIBUTED, default="torus2d",
+            choices=ALGORITHMS),
+    Setting("torus_shape", ("--torus-shape",), "XxY grid of ranks for torus2d", DISTRIBUTED, check=torus_shape,
+            note="the squarest grid"),
+    Setting("bucket_mb", ("--bucket-mb",), "gradient buckets reduced during backward (0: one, after backward)",
+            DISTRIBUTED, float, default=25.0, check=non_negative),
+    Setting("dist_backend", ("--dist-backend",), "transport of the collectives", DISTRIBUTED, choices=BACKENDS,
+            note="nccl on GPUs, mpi otherwise"),
+
+    Setting("resume", ("--resume",), "a checkpoint to continue from, or auto: the newest in --output-dir",
+            CHECKPOINTS, note="start afresh"),
+    Setting("checkpoint_every", ("--checkpoint-every",), "iterations between checkpoints, besides the one at each "
+            "epoch's end (0: only those)", CHECKPOINTS, int, default=0, check=non_negative),
+    Setting("keep_checkpoints", ("--keep-checkpoints",), "how many regular checkpoints to keep", CHECKPOINTS, int,
+            default=3, check=positive_int),
+
+    Setting("output_dir", ("--output-dir",), "where config.json, metrics.jsonl and summary.json go", RUN,
+            default="runs/latest"),
+    Setting("cache_dir", ("--cache-dir",), "where the embedded dataset is generated ($MINIDL_CACHE)", RUN,
+            default_factory=default_cache_dir),
+    Setting("seed", ("--seed",), "drives initialization, data order and augmentation", RUN, int, default=0),
+    Setting("print_freq", ("--print-freq",), "steps between progress-bar updates", RUN, int, default=10,
+            check=positive_int),
+
+    Setting("amp", ("--amp",), "bf16 activations and convolutions, float32 weights, statistics and loss (GPU only)",
+            GPU, default=False, action="store_true", check=gpu_only),
+    Setting("cuda_graph", ("--cuda-graph",), "capture the training step once in a CUDA graph and replay it (GPU, "
+            "one process, SGD); the loss is then checked every --print-freq steps", GPU, default=False,
+            action="store_true", check=gpu_only),
+)
+EMBEDDED_PROFILE = {s.name: s.embedded for s in SETTINGS if s.embedded is not UNSET}
+IMAGENET_PROFILE = {s.name: s.imagenet for s in SETTINGS if s.imagenet is not UNSET}
+BASE_DEFAULTS = {s.name: s.base for s in SETTINGS if s.base is not UNSET}
 
 
-@dataclasses.dataclass
-class Config:
-    data_path: str | None = None
-    recipe: str | None = None
-    model: str | None = None
-    batch_size: int | None = None  # per process, when there is no batch schedule
-    batch_schedule: str | None = None  # "EPOCH:GLOBAL_BATCH,...": the global batch from each epoch on
-    max_per_rank_batch: int | None = None  # above it, gradients accumulate over micro-batches
-    epochs: int | None = None
-    opt: str | None = None
-    lr: float | None = None  # the reference rate, for lr_base_batch images
-    lr_base_batch: int | None = None
-    momentum: float | None = None
-    weight_decay: float | None = None
-    norm_weight_decay: float | None = None  # None: the same as weight_decay
-    nesterov: bool = False
-    sgd_form: str | None = None  # "pytorch" (rate outside the momentum) or "caffe2" (inside)
-    momentum_correction: bool = True
-    lars_eta: float | None = None
-    label_smoothing: float | None = None
-    lr_scheduler: str | None = None
-    lr_steps: tuple | None = None
-    lr_gamma: float | None = None
-    lr_power: float | None = None
-    lr_warmup_epochs: float | None = None
-    lr_warmup_method: str | None = None
-    lr_warmup_start: float | None = None  # None: the reference rate
-    zero_init_residual: bool | None = None
-    bn_group_size: int | None = None  # images per BN statistics group ("ghost" BN); None: the micro-batch
-    train_crop_size: int | None = None
-    val_crop_size: int | None = None
-    val_resize_size: int | None = None
-    augment: str | None = None
-    dist_backend: str | None = None  # None: nccl on GPUs, mpi otherwise
-    allreduce: str = "torus2d"
-    torus_shape: str | None = None  # "XxY"; None: the squarest grid
-    bucket_mb: float = 25.0
-    checkpoint_every: int = 0  # iterations between checkpoints (0: only at the end of each epoch)
-    keep_checkpoints: int = 3
-    resume: str | None = None  # a checkpoint path, or "auto": the newest in output_dir
-    output_dir: str = "runs/latest"
-    cache_dir: str = dataclasses.field(default_factory=default_cache_dir)
-    seed: int = 0
-    print_freq: int = 10
-    workers: int = 0
-    amp: bool = False  # bf16 activations (GPU only)
-    cuda_graph: bool = False  # replay each step from a CUDA graph (GPU only)
+def _field(setting):
+    if setting.default_factory is not None:
+        return dataclasses.field(default_factory=setting.default_factory)
+    return dataclasses.field(default=setting.default)
 
+
+class _Methods:
     def resolved(self):
         """A copy with the layers' defaults filled in, validated."""
         if self.recipe is not None and self.recipe not in RECIPES:
@@ -131,73 +288,30 @@ class Config:
         return BatchSchedule([(0, self.batch_size * world_size)])
 
     def validate(self):
-        if self.model not in MODELS:
-            raise UserError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
-        if self.batch_schedule:
-            BatchSchedule.parse(self.batch_schedule)
-        elif self.batch_size is None or self.batch_size <= 0:
+        """Each setting's own check, then the checks that involve several settings."""
+        for setting in SETTINGS:
+            problem = setting.problem(getattr(self, setting.name))
+            if problem:
+                raise UserError(problem)
+        if not self.batch_schedule and (self.batch_size is None or self.batch_size <= 0):
             raise UserError(f"--batch-size must be a positive integer, got {self.batch_size}")
-        for flag, value in (("--epochs", self.epochs),
-                            ("--lr-base-batch", self.lr_base_batch), ("--print-freq", self.print_freq),
-                            ("--train-crop-size", self.train_crop_size), ("--val-crop-size", self.val_crop_size),
-                            ("--val-resize-size", self.val_resize_size)):
-            if value is None or value <= 0:
-                raise UserError(f"{flag} must be a positive integer, got {value}")
-        if self.bn_group_size is not None and self.bn_group_size <= 0:
-            raise UserError(f"--bn-group-size must be a positive integer, got {self.bn_group_size}")
-        if self.max_per_rank_batch is not None and self.max_per_rank_batch <= 0:
-            raise UserError(f"--max-per-rank-batch must be a positive integer, got {self.max_per_rank_batch}")
-        if not self.lr > 0:
-            raise UserError(f"--lr must be positive, got {self.lr}")
-        if self.lr_warmup_start is not None and not self.lr_warmup_start > 0:
-            raise UserError(f"--lr-warmup-start must be positive, got {self.lr_warmup_start}")
-        if not 0 <= self.momentum < 1:
-            raise UserError(f"--momentum must be in [0, 1), got {self.momentum}")
-        for flag, value in (("--wd", self.weight_decay), ("--norm-weight-decay", self.norm_weight_decay),
-                            ("--lr-warmup-epochs", self.lr_warmup_epochs), ("--lr-power", self.lr_power)):
-            if value is not None and value < 0:
-                raise UserError(f"{flag} must be >= 0, got {value}")
-        if self.sgd_form not in SGD.FORMS:
-            raise UserError(f"unknown --sgd-form {self.sgd_form!r}: choose one of {', '.join(SGD.FORMS)}")
         if self.nesterov and (self.momentum == 0 or self.opt != "sgd" or self.sgd_form != "pytorch"):
             raise UserError("--nesterov needs --opt sgd, --sgd-form pytorch and a positive --momentum")
-        if self.opt not in OPTIMIZERS:
-            raise UserError(f"unknown --opt {self.opt!r}: choose one of {', '.join(OPTIMIZERS)}")
-        if not self.lars_eta > 0:
-            raise UserError(f"--lars-eta must be positive, got {self.lars_eta}")
-        if not 0 <= self.label_smoothing < 1:
-            raise UserError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.lr_scheduler not in LR_SCHEDULERS:
-            raise UserError(f"unknown --lr-scheduler {self.lr_scheduler!r}: choose one of {', '.join(LR_SCHEDULERS)}")
-        if self.lr_warmup_method not in WARMUP_METHODS:
-            raise UserError(f"unknown --lr-warmup-method {self.lr_warmup_method!r}: choose one of "
-                            f"{', '.join(WARMUP_METHODS)}")
         if self.lr_warmup_epochs >= self.epochs:
             raise UserError(f"--lr-warmup-epochs {self.lr_warmup_epochs} leaves no epochs after warmup: "
                             f"make it smaller than --epochs {self.epochs}")
-        if not 0 < self.lr_gamma <= 1:
-            raise UserError(f"--lr-gamma must be in (0, 1], got {self.lr_gamma}")
-        if list(self.lr_steps) != sorted(self.lr_steps) or any(step <= 0 for step in self.lr_steps):
-            raise UserError(f"--lr-steps must be increasing positive epochs, got {','.join(map(str, self.lr_steps))}")
-        if self.augment not in TRAIN_TRANSFORMS:
-            raise UserError(f"unknown --augment {self.augment!r}: choose one of {', '.join(TRAIN_TRANSFORMS)}")
         if self.val_resize_size < self.val_crop_size:
             raise UserError(f"--val-resize-size {self.val_resize_size} is smaller than --val-crop-size "
                             f"{self.val_crop_size}: make it at least the crop size")
-        if self.allreduce not in ALGORITHMS:
-            raise UserError(f"unknown --allreduce {self.allreduce!r}: choose one of {', '.join(ALGORITHMS)}")
-        if self.dist_backend not in (None, *BACKENDS):
-            raise UserError(f"unknown --dist-backend {self.dist_backend!r}: choose one of {', '.join(BACKENDS)}")
-        if self.torus_shape is not None:
-            parse_shape(self.torus_shape)
-        if self.bucket_mb < 0 or self.checkpoint_every < 0 or self.keep_checkpoints < 1:
-            raise UserError("--bucket-mb and --checkpoint-every must be >= 0 and --keep-checkpoints >= 1, got "
-                            f"{self.bucket_mb}, {self.checkpoint_every}, {self.keep_checkpoints}")
-        if self.workers < 0:
-            raise UserError(f"--workers must be >= 0, got {self.workers}")
-        for flag, wanted in (("--amp", self.amp), ("--cuda-graph", self.cuda_graph)):
-            if wanted:
-                require_gpu(flag)
 
     def to_dict(self):
         return dataclasses.asdict(self)
+
+    def to_json(self):
+        """The settings that are set, as one JSON line (the run's banner)."""
+        return json.dumps({k: v for k, v in self.to_dict().items() if v is not None})
+
+
+Config = dataclasses.make_dataclass("Config", [(s.name, object, _field(s)) for s in SETTINGS], bases=(_Methods,))
+Config.__doc__ = "Every setting of a run (SETTINGS); None: filled by `resolved()` from the layers."
+Config.__module__ = __name__

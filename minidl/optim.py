@@ -6,6 +6,13 @@ multiple of `align` elements so that any grid of ranks can split them evenly. Fr
 the whole model is one array: the all-reduce sees one buffer, the update is a handful of
 vectorized passes, and nothing is packed or unpacked per step.
 
+Under --amp the flat buffer also keeps a bf16 copy of itself, a second view set (`p.bf16`, as
+`p.grad` is one), which the convolutions read instead of casting every weight at every use.
+
+For a step replayed from a CUDA graph, SGD splits `step()` into a host half that stages the
+rate and its companions in device memory (`stage_step`) and a device half that reads them
+there (`step_from_device`): a replay sees nothing but device memory.
+
 Weight decay is a per-element vector, built once from each parameter's `kind`: biases and
 normalization parameters can get their own rate (`norm_weight_decay`, e.g. 0 as in Goyal et
 al.), everything else gets `weight_decay`. Weight decay is part of the gradient (Goyal's
@@ -13,15 +20,14 @@ remark 1), applied after `grad_scale` (which folds e.g. 1/world_size into the up
 """
 import numpy
 
+from minidl import kernels
 from minidl.autograd import Tensor
-from minidl.backend import get_array_module
+from minidl.backend import BF16, get_array_module
+from minidl.intmath import round_up
+from minidl.kernels.launch import data_address
 from minidl.ops.sgd import sgd_momentum_update
 
 EXEMPT_KINDS = ("bias", "norm")
-
-
-def padded_size(count, align):
-    return -(-count // align) * align
 
 
 class FlatParameters:
@@ -36,7 +42,7 @@ class FlatParameters:
         first = self.params[0].data
         xp, dtype = get_array_module(first), first.dtype
         sizes = [p.size for p in self.params]
-        total = padded_size(sum(sizes), align)
+        total = round_up(sum(sizes), align)
         self.data = xp.zeros(total, dtype=dtype)
         self.grad = xp.zeros(total, dtype=dtype)
         self.segments = []  # (start, end) of each parameter, in order
@@ -49,6 +55,7 @@ class FlatParameters:
             self.segments.append((start, end))
             start = end
         self.size = start  # elements in use; the rest is zero padding
+        self.bf16 = None  # the bf16 copy, once keep_bf16_copy() has made it
 
     def per_element(self, values):
         """A flat vector holding values[i] over the segment of parameter i (zero on the padding)."""
@@ -59,6 +66,23 @@ class FlatParameters:
 
     def zero_grad(self):
         self.grad.fill(0)
+
+    def keep_bf16_copy(self):
+        """Keep a bf16 copy of the buffer (bf16 bits; the kernels only) and make each parameter's
+        `.bf16` a view into it: None where that view is not 16-byte aligned, which the
+        tensor-core tiles need (the weight is then cast at use). Refresh it after every change of
+        the buffer and before the next forward pass: a stale copy means stale weights."""
+        if self.bf16 is not None:
+            return
+        self.bf16 = get_array_module(self.data).empty(self.data.shape, dtype=BF16)
+        for p, (start, end) in zip(self.params, self.segments):
+            view = self.bf16[start:end].reshape(p.shape)
+            p.bf16 = view if data_address(view) % 16 == 0 else None
+
+    def refresh_bf16_copy(self):
+        """The bf16 copy ← the buffer (one cast kernel), where there is a copy."""
+        if self.bf16 is not None:
+            kernels.active().cast(self.data, BF16, out=self.bf16)
 
 
 class FlatOptimizer:
@@ -117,12 +141,43 @@ class SGD(FlatOptimizer):
         super().__init__(params, lr, momentum, weight_decay, norm_weight_decay, grad_scale, align,
                          momentum_correction)
         self.nesterov, self.form = nesterov, form
+        self.rate_inside = form == "caffe2"
+        self.device_scalars = None  # (lr, grad_scale, velocity_scale) on the device, once stage_step() ran
+
+    def step_scalars(self):
+        """(lr, grad_scale, velocity_scale) of the update about to happen; records the rate for
+        the momentum correction (in either form)."""
+        correction = self.velocity_correction()
+        return self.lr, self.grad_scale, correction if self.rate_inside else 1.0
 
     def step(self):
-        rate_inside = self.form == "caffe2"
-        correction = self.velocity_correction()  # records the rate in either form
-        sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, self.lr, self.momentum, self.grad_scale,
-                            self.decay, self.nesterov, rate_inside, correction if rate_inside else 1.0)
+        lr, grad_scale, velocity_scale = self.step_scalars()
+        sgd_momentum_update(self.flat.data, self.flat.grad, self.velocity, lr, self.momentum, grad_scale,
+                            self.decay, self.nesterov, self.rate_inside, velocity_scale)
+
+    def stage_step(self):
+        """The host half of a step replayed from a CUDA graph: this step's scalars into
+        `device_scalars`, in stream order (no host synchronization)."""
+        gpu = _kernels_for_graphs()
+        if self.device_scalars is None:
+            self.device_scalars = get_array_module(self.flat.data).zeros(3, dtype=numpy.float32)
+        gpu.store_sgd_scalars(self.device_scalars, *self.step_scalars())
+
+    def step_from_device(self):
+        """The device half: the update reading the staged scalars when it runs (what a graph
+        captures; its launch arguments never change)."""
+        if self.device_scalars is None:
+            raise RuntimeError("step_from_device() reads the scalars that stage_step() stages: call it first")
+        _kernels_for_graphs().sgd_momentum_update_from(self.device_scalars, self.flat.data, self.flat.grad,
+                                                       self.velocity, self.momentum, self.decay, self.nesterov,
+                                                       self.rate_inside)
+
+
+def _kernels_for_graphs():
+    gpu = kernels.active()
+    if gpu is None:
+        raise RuntimeError("the device half of a step (CUDA graphs) runs on the GPU kernels, and there are none")
+    return gpu
 
 
 class LARS(FlatOptimizer):

@@ -36,7 +36,9 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from minidl import environment
 from minidl.backend import get_array_module, on_gpu
+from minidl.intmath import ceil_div, round_up
 
 CHUNK_BYTES = 2 << 20
 BALANCE = 2
@@ -46,9 +48,9 @@ FLOPS_PER_BLOCK = 64 << 20  # matmul's work per column block: far above a call's
 
 
 def _thread_count():
-    wanted = os.environ.get("MINIDL_NUM_THREADS")
+    wanted = environment.value("MINIDL_NUM_THREADS")
     if wanted:
-        return max(1, int(wanted))
+        return wanted
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -87,9 +89,9 @@ def piece_count(count, work_per_item, work_per_piece, min_items=1):
     """How many pieces to cut `count` items into so that each holds about `work_per_piece`
     and at least `min_items` items (at least 1 piece; a multiple of BALANCE where the work
     asks for several and the items allow)."""
-    pieces = -(-count * work_per_item // work_per_piece)
+    pieces = ceil_div(count * work_per_item, work_per_piece)
     if pieces > 1:
-        pieces = -(-pieces // BALANCE) * BALANCE
+        pieces = round_up(pieces, BALANCE)
     return int(max(1, min(pieces, count // max(min_items, 1))))
 
 
@@ -152,7 +154,7 @@ def matmul(a, b, out=None):
     xp = get_array_module(a)
     if out is None:
         out = xp.empty((a.shape[0], b.shape[1]), dtype=xp.result_type(a, b))
-    units = -(-b.shape[1] // COLUMN_BLOCK)
+    units = ceil_div(b.shape[1], COLUMN_BLOCK)
     pieces = 1 if on_gpu else piece_count(units, 2 * a.shape[0] * a.shape[1] * COLUMN_BLOCK, FLOPS_PER_BLOCK)
     if pieces == 1:
         return xp.matmul(a, b, out=out)

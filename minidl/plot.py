@@ -22,7 +22,7 @@ from matplotlib.figure import Figure  # the object API needs no display and no p
 
 from minidl.errors import UserError
 from minidl.fileio import write_bytes_atomic
-from minidl.steplog import PHASES
+from minidl.training.timer import PHASES
 
 TIME_SPLITS = PHASES  # what steps.jsonl splits each step into
 

@@ -17,6 +17,7 @@ import dataclasses
 import math
 
 from minidl.errors import UserError
+from minidl.intmath import ceil_div
 
 LR_SCHEDULERS = ("step", "poly", "cosine", "constant")
 WARMUP_METHODS = ("linear", "constant")
@@ -66,7 +67,7 @@ class BatchSchedule:
             raise UserError(f"global batch {global_batch} (epoch {epoch}) does not split over {world_size} "
                             f"ranks: use a multiple of {world_size}")
         per_rank = global_batch // world_size
-        accum = 1 if not max_per_rank_batch else -(-per_rank // max_per_rank_batch)
+        accum = 1 if not max_per_rank_batch else ceil_div(per_rank, max_per_rank_batch)
         while per_rank % accum:  # the smallest number of equal micro-batches within the cap
             accum += 1
         return BatchPlan(global_batch, per_rank, accum, per_rank // accum)

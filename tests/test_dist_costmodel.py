@@ -4,7 +4,7 @@ import json
 import pytest
 
 from minidl.bench import allreduce as bench
-from minidl.dist import costmodel
+from minidl.distributed import costmodel
 from mpi.launch import run
 
 N = 100e6

@@ -7,9 +7,9 @@ therefore come out different from twice the final local gradient, deterministica
 import numpy as np
 import pytest
 
-from minidl import dist, nn, ops
+from minidl import distributed, nn, ops
 from minidl.autograd import Function, Tensor
-from minidl.dist.reducer import bucket_bounds, count_uses
+from minidl.distributed.reducer import bucket_bounds, count_uses
 from minidl.optim import SGD
 from mpi.common import TiedNet
 
@@ -46,7 +46,7 @@ class TwinComm:
 def reducer_for(model, bucket_mb):
     optimizer = SGD(model.parameters(), lr=0.1, align=8)
     comm = TwinComm(optimizer.flat)
-    return optimizer, comm, dist.GradientReducer(dist.AllReduce(comm, "ring"), optimizer.flat, bucket_mb)
+    return optimizer, comm, distributed.GradientReducer(distributed.AllReduce(comm, "ring"), optimizer.flat, bucket_mb)
 
 
 def loss_of(model):
@@ -109,7 +109,7 @@ def test_a_gradient_that_never_comes_still_gets_its_bucket_reduced():
     optimizer = SGD([second, first], lr=0.1, align=1)
     comm = TwinComm(optimizer.flat)
     three_floats = 12 / (1 << 20)
-    reducer = dist.GradientReducer(dist.AllReduce(comm, "ring"), optimizer.flat, bucket_mb=three_floats)
+    reducer = distributed.GradientReducer(distributed.AllReduce(comm, "ring"), optimizer.flat, bucket_mb=three_floats)
     assert count_uses(NoGradForSecond()(first, second).sum(), {id(second): 0, id(first): 1}) == {0: 1, 1: 1}
     optimizer.zero_grad()
     second.grad.data[...] = 5  # stays as it is: backward delivers nothing to `second`

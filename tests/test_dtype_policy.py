@@ -7,20 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from minidl import backend
+from minidl import amp, backend, models
 from minidl.config import Config
 from minidl.errors import UserError
+from minidl.optim import SGD
 
 pytestmark = pytest.mark.skipif(backend.on_gpu, reason="checks the refusal where there is no GPU")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_autocast_is_refused_on_the_cpu():
+def test_bf16_is_refused_on_the_cpu():
+    model = models.resnet20()
     with pytest.raises(UserError, match="--amp needs a GPU"):
-        with backend.autocast():
-            pass
-    with backend.autocast(enabled=False):
-        assert backend.compute_dtype() is None
+        amp.enable(model, SGD(model.parameters(), lr=0.1))
+    assert model.compute_dtype is None
 
 
 @pytest.mark.parametrize("flag", ["amp", "cuda_graph"])

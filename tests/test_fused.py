@@ -76,7 +76,7 @@ def test_ghost_groups_must_divide_the_batch():
 
 def test_the_dtype_policy_ops_are_the_identity_for_float_data():
     x = Tensor(np.ones((2, 3)))
-    assert ops.to_compute_dtype(x) is x and ops.to_float(x) is x
+    assert ops.to_compute_dtype(x, None) is x and ops.to_compute_dtype(x, x.dtype) is x and ops.to_float(x) is x
 
 
 def training_step(model, seed):

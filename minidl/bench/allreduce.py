@@ -6,7 +6,7 @@ warm-up, the algorithms taking turns. Reported per algorithm: time, algorithm ba
 bandwidth (× 2(p−1)/p, the bytes each rank's links really carry in a ring), and the ratio of
 MPI's native all-reduce time on the same buffer in the same run (> 1: faster than native).
 
-`--model` prints the alpha–beta cost model's predictions (minidl/dist/costmodel.py) for
+`--model` prints the alpha–beta cost model's predictions (minidl/distributed/costmodel.py) for
 ResNet-50's gradient on the GPU counts of the Sony runs, and needs no MPI;
 `--model --calibrate FILE` also fits the model to a `--json` file of this benchmark.
 """
@@ -17,8 +17,8 @@ import time
 
 import numpy
 
-from minidl import dist
-from minidl.dist import costmodel
+from minidl import distributed
+from minidl.distributed import costmodel
 from minidl.errors import UserError
 
 MB = 1 << 20
@@ -43,7 +43,7 @@ def main(argv):
     args = parse_args(argv)
     if args.model:
         return print_model(args)
-    comm = dist.init()
+    comm = distributed.init()
     results = measure(comm, args)
     if comm.rank == 0:
         print_table(results)
@@ -54,11 +54,11 @@ def main(argv):
 
 
 def measure(comm, args):
-    shape = dist.parse_shape(args.torus_shape) if args.torus_shape else None
+    shape = distributed.parse_shape(args.torus_shape) if args.torus_shape else None
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     reducers = {"native": comm.allreduce}  # MPI_Allreduce, what `ring` calls
     for name in algorithms:
-        allreduce = dist.AllReduce(comm, name, shape if name == "torus2d" else None)
+        allreduce = distributed.AllReduce(comm, name, shape if name == "torus2d" else None)
         reducers[allreduce.name] = allreduce
     dtype = numpy.dtype(args.dtype)
     rows = []

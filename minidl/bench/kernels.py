@@ -21,10 +21,10 @@ import sys
 
 import numpy
 
-from minidl.dist.costmodel import RESNET50_GRADIENT_BYTES
+from minidl.distributed.costmodel import RESNET50_GRADIENT_BYTES
 from minidl.errors import UserError
 from minidl.fileio import write_json_atomic
-from minidl.optim import padded_size
+from minidl.intmath import round_up
 
 # FLOP per clock per SM (dense), by compute capability: (fp32 FMA units, TF32 and bf16 tensor cores)
 PEAK_FLOP_PER_CLOCK = {(8, 0): {"fp32": 128, "tf32": 1024, "bf16": 2048},
@@ -246,7 +246,7 @@ def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows):
 
 
 def bench_sgd(gpu, cupy, torch, timer, rows):
-    n = padded_size(PARAMETERS_RESNET50, 1024)  # the flat buffer, as FlatParameters pads it
+    n = round_up(PARAMETERS_RESNET50, 1024)  # the flat buffer, as FlatParameters pads it
     rng = cupy.random.default_rng(0)
     w, g, u = (rng.standard_normal(n, dtype=cupy.float32) for _ in range(3))
     decay = cupy.full(n, 1e-4, dtype=cupy.float32)

@@ -39,14 +39,14 @@ def op_timer():
             original = vars(cls)[name]
             originals.append((cls, name, original))
 
-            def timed(self, *args, _original=original, _key=f"{cls.__name__}.{name}"):
+            def timed(self, *args, _original=original, _name=name):
                 if depth[0]:
                     return _original(self, *args)
                 depth[0] += 1
                 try:
                     start = _now()
                     result = _original(self, *args)
-                    totals[_key] += _now() - start
+                    totals[f"{type(self).__name__}.{_name}"] += _now() - start  # an Op's own name
                 finally:
                     depth[0] -= 1
                 return result

@@ -8,7 +8,7 @@ fresh subprocess per framework (peak RSS above the RSS after imports on CPU; the
 high-water mark on GPU, the CUDA graph's private pool included). On GPU PyTorch runs eager with
 cuDNN, channels_last and bf16 autocast; minidl runs in fp32 unless `--amp` (bf16 activations,
 the like-for-like comparison), and `--cuda-graph` replays its whole step from a CUDA graph. With
-either flag minidl's step is the trainer's device step (minidl.device_step: a uint8 batch
+either flag minidl's step is the trainer's device step (minidl.training.device_step: a uint8 batch
 normalized on the device, the loss kept there).
 `--profile` adds where minidl's step time goes, per operation.
 """
@@ -73,12 +73,12 @@ def minidl_step(args):
 
 
 def minidl_device_step(args, model, optimizer, rng):
-    """--amp / --cuda-graph: minidl.device_step's step on a fixed uint8 batch, replayed from a
+    """--amp / --cuda-graph: minidl.training.device_step's step on a fixed uint8 batch, replayed from a
     CUDA graph with --cuda-graph. The closure's `pools`: the memory pools its step draws from."""
     import cupy
     import numpy
-    from minidl.device_step import DeviceStep
-    from minidl.graph import GraphedStep
+    from minidl.training.device_step import DeviceStep
+    from minidl.training.graph import GraphedStep
     images = cupy.asarray(rng.integers(0, 256, (args.batch_size, args.image_size, args.image_size, 3),
                                        dtype=numpy.uint8))
     labels = cupy.asarray(rng.integers(0, NUM_CLASSES, args.batch_size))
@@ -209,8 +209,9 @@ def main(argv):
               "device": args.device, "amp": args.amp, "cuda_graph": args.cuda_graph, "threads": threads,
               "minidl_step_ms": 1e3 * seconds[0],
               "minidl_img_per_s": args.batch_size / seconds[0], "minidl_peak_mb": peak_memory_mb(args, "minidl")}
-    if os.environ.get(UNSET_NOTE):
-        result["unset_env"] = os.environ[UNSET_NOTE].split(",")
+    from minidl import environment
+    if environment.value(UNSET_NOTE):
+        result["unset_env"] = environment.value(UNSET_NOTE)
     if args.vs_torch:
         result.update(torch_step_ms=1e3 * seconds[1], torch_img_per_s=args.batch_size / seconds[1],
                       torch_peak_mb=peak_memory_mb(args, "torch"))

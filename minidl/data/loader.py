@@ -27,6 +27,7 @@ import warnings
 from minidl.data.batches import InProcess, Ring
 from minidl.data.sampler import DistributedSampler
 from minidl.data.workers import WorkerPool
+from minidl.intmath import ceil_div
 
 
 class BadImageWarning(UserWarning):
@@ -71,7 +72,7 @@ class DataLoader:
     def __len__(self):
         if self.drop_last:
             return len(self.sampler) // self.batch_size
-        return -(-len(self.sampler) // self.batch_size)
+        return ceil_div(len(self.sampler), self.batch_size)
 
     def _batches(self):
         indices = self.sampler.indices()

@@ -14,6 +14,8 @@ their sums at the end (50,000 images on 256 ranks would otherwise count 176 twic
 
 import numpy as np
 
+from minidl.intmath import round_up
+
 
 class DistributedSampler:
     """Iterate over this rank's dataset indices for the epoch chosen by `set_epoch`."""
@@ -39,7 +41,7 @@ class DistributedSampler:
         if self.drop_last:
             return self.size - self.size % self.world_size
         if self.pad:
-            return -(-self.size // self.world_size) * self.world_size
+            return round_up(self.size, self.world_size)
         return self.size
 
     def __len__(self):

@@ -13,9 +13,10 @@ N(0, 0.01) for the classifier's weight and 0 for its bias; with `zero_init_resid
 last BN of every residual block starts at γ = 0, so each block starts as the identity.
 
 Every BN that a ReLU follows is fused with it, and a block ends in one fused BN+add+ReLU
-(minidl.ops.fused: one kernel sequence on a GPU, the unfused arithmetic elsewhere). Under
---amp (minidl.backend.autocast) the residual stages run in bf16: the activations are cast after
-the stem's pooling and back to float32 before the average pool and the classifier.
+(minidl.ops.fused: one kernel sequence on a GPU, the unfused arithmetic elsewhere). With
+`compute_dtype` set to bf16 (--amp, minidl.amp) the residual stages run in bf16: the
+activations are cast after the stem's pooling and back to float32 before the average pool and
+the classifier.
 """
 import math
 
@@ -108,6 +109,7 @@ class ResNet(nn.Module):
         self.num_stages = len(stage_planes)
         self.avgpool = nn.GlobalAvgPool()
         self.fc = nn.Linear(in_channels, num_classes)
+        self.compute_dtype = None  # the residual stages' dtype: None (the input's), or BF16 (minidl.amp)
         self._init(zero_init_residual)
 
     def _init(self, zero_init_residual):
@@ -124,7 +126,7 @@ class ResNet(nn.Module):
         x = bn_relu(self.bn1, self.conv1(x))
         if self.maxpool is not None:
             x = self.maxpool(x)
-        x = ops.to_compute_dtype(x)  # the stem stays float32: 3 input channels, float32 pooling kernels
+        x = ops.to_compute_dtype(x, self.compute_dtype)  # the stem stays float32: 3 input channels, float32 pooling kernels
         for index in range(self.num_stages):
             x = getattr(self, f"layer{index + 1}")(x)
         return self.fc(self.avgpool(ops.to_float(x)))

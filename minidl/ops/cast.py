@@ -1,41 +1,45 @@
-"""The operations of the dtype policy (minidl.backend.autocast): casts into and out of bf16.
+"""The operations of the dtype policy (--amp; minidl.amp): casts into and out of bf16.
 
-Outside autocast, and for data that is not bf16, both are the identity and record nothing: the
-CPU path and float32 runs are exactly what they were without them. (Where a bf16 tensor feeds two
-operations, autograd sums its two gradients with the bf16 kernel: minidl.autograd.)
+A model that computes in bf16 (its `compute_dtype`) casts its activations after the stem with
+`to_compute_dtype` and back before the classifier with `to_float`. For a dtype of None, and for
+data that is not bf16, both are the identity and record nothing: the CPU path and float32 runs
+are exactly what they were without them. (Where a bf16 tensor feeds two operations, autograd
+sums its two gradients with the bf16 kernel: minidl.autograd.)
+
+bf16 exists only on the kernels: there is no reference implementation to fall back to.
 """
 import numpy
 
 from minidl import kernels
 from minidl.autograd import Function
-from minidl.backend import BF16, compute_dtype
+from minidl.backend import BF16
 
 
 class Cast(Function):
-    def __init__(self, dtype):
-        self.dtype = dtype
+    def __init__(self, gpu, dtype):
+        self.gpu, self.dtype = gpu, dtype
 
     def forward(self, x):
         self.source = x.dtype
-        return kernels.device().cast(x, self.dtype)
+        return self.gpu.cast(x, self.dtype)
 
     def backward(self, gy):
-        return kernels.device().cast(gy, self.source)
+        return self.gpu.cast(gy, self.source)
 
 
 def _cast(x, dtype):
-    if not kernels.wants(x.data):
+    gpu = kernels.serving(x.data)
+    if gpu is None:
         raise TypeError(f"bf16 exists only on the GPU kernels: cannot cast {x.dtype} data to {numpy.dtype(dtype)} here")
-    return Cast(dtype)(x)
+    return Cast(gpu, dtype)(x)
 
 
-def to_compute_dtype(x):
-    """x in bf16 inside autocast (the gradient comes back as float32); otherwise x itself."""
-    wanted = compute_dtype()
-    return x if wanted is None or x.dtype == wanted else _cast(x, wanted)
+def to_compute_dtype(x, dtype):
+    """x in `dtype` (bf16 under --amp; the gradient comes back as float32); x itself where
+    `dtype` is None or x has it already."""
+    return x if dtype is None or x.dtype == dtype else _cast(x, dtype)
 
 
 def to_float(x):
     """x as float32 where it is bf16 (the gradient goes back as bf16); otherwise x itself."""
     return _cast(x, numpy.float32) if x.dtype == BF16 else x
-

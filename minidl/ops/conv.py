@@ -19,9 +19,11 @@ im2col block of a chunk live in per-thread work arrays (minidl.workspace), reuse
 Where the whole batch is one chunk (the deep layers of an ImageNet ResNet: few pixels, large
 weights), the matrix product is split over column blocks instead, so it still uses all cores.
 """
-from minidl import kernels, workspace
-from minidl.autograd import Function
-from minidl.backend import get_array_module
+from minidl import workspace
+from minidl.backend import BF16, get_array_module
+from minidl.intmath import ceil_div
+from minidl.ops.bias import add_bias, with_bias_grad
+from minidl.ops.dispatch import Op
 from minidl.parallel import chunks, matmul, run_all, sum_in_order
 
 MIN_ROWS = 512  # a chunk's share of the rows of a product: fewer would re-read the weights for little work
@@ -87,7 +89,7 @@ def window_range(offset, stride, out_size, in_size):
 def _image_chunks(images, p, q, rsc, itemsize):
     """Chunks of images whose (P·Q, R·S·C) column blocks take about CHUNK_BYTES (consumed while
     in cache), and which give at least MIN_ROWS rows to their matrix product."""
-    return chunks(images, p * q * rsc * itemsize, min_items=-(-MIN_ROWS // (p * q)))
+    return chunks(images, p * q * rsc * itemsize, min_items=ceil_div(MIN_ROWS, p * q))
 
 
 def _over_chunks(chunk, pieces):
@@ -207,36 +209,37 @@ def grads(gy, x, w, stride, padding, input_grad=True):
     return grad_input(gy, w, x.shape, stride, padding) if input_grad else None, grad_weight(x, gy, w, stride, padding)
 
 
-class Conv2d(Function):
-    def __init__(self, stride, padding):
-        self.stride, self.padding = stride, padding
+class Conv2d(Op):
+    """Inputs (x, w[, b]). `weight_bf16`: the weight's bf16 copy kept by the flat parameter buffer
+    (--amp), which the kernels read for bf16 data instead of casting the weight at every use."""
 
-    def forward(self, x, w, b=None):
+    def __init__(self, stride, padding, weight_bf16=None):
+        self.stride, self.padding, self.weight_bf16 = stride, padding, weight_bf16
+
+    def forward_reference(self, x, w, b=None):
         self.x, self.w, self.has_bias = x, w, b is not None
-        if kernels.wants(x, w):
-            y = kernels.device().conv_forward(x, w, self.stride, self.padding)
-        else:
-            y = correlate(x, w, self.stride, self.padding)
-        if b is not None:
-            y += b
-        return y
+        return add_bias(correlate(x, w, self.stride, self.padding), b)
 
-    def backward(self, gy):
-        x, w = self.x, self.w
-        if kernels.wants(gy, x, w):
-            gpu = kernels.device()
-            gx = None  # for an input that needs none, the image: the stem's costly grad-input
-            if self.inputs[0].requires_grad:
-                gx = gpu.conv_grad_input(gy, w, x.shape, self.stride, self.padding)
-            gw = gpu.conv_grad_weight(x, gy, w.shape, self.stride, self.padding)
-        else:  # as on the GPU: no grad-input for an input that needs none
-            gx, gw = grads(gy, x, w, self.stride, self.padding, self.inputs[0].requires_grad)
-        if not self.has_bias:
-            return gx, gw
-        return gx, gw, gy.reshape(-1, w.shape[0]).sum(axis=0)
+    def backward_reference(self, gy):  # as on the GPU: no grad-input for an input that needs none
+        gx, gw = grads(gy, self.x, self.w, self.stride, self.padding, self.inputs[0].requires_grad)
+        return with_bias_grad(gy, self.has_bias, gx, gw)
+
+    def forward_kernels(self, gpu, x, w, b=None):
+        self.x, self.w_shape, self.has_bias = x, w.shape, b is not None
+        self.w = self.weight_bf16 if x.dtype == BF16 and self.weight_bf16 is not None else gpu.cast(w, x.dtype)
+        return add_bias(gpu.conv_forward(x, self.w, self.stride, self.padding), b)
+
+    def backward_kernels(self, gpu, gy):
+        gx = None  # for an input that needs none, the image: the stem's costly grad-input
+        if self.inputs[0].requires_grad:
+            gx = gpu.conv_grad_input(gy, self.w, self.x.shape, self.stride, self.padding)
+        gw = gpu.conv_grad_weight(self.x, gy, self.w_shape, self.stride, self.padding)
+        return with_bias_grad(gy, self.has_bias, gx, gw)
 
 
 def conv2d(x, w, b=None, stride=1, padding=0):
-    """y[n,p,q,k] = sum_{r,s,c} x_pad[n, p·stride + r, q·stride + s, c] · w[k,r,s,c] (+ b[k])."""
-    function = Conv2d(stride, padding)
+    """y[n,p,q,k] = sum_{r,s,c} x_pad[n, p·stride + r, q·stride + s, c] · w[k,r,s,c] (+ b[k]).
+    A parameter `w` with a bf16 copy (`w.bf16`, kept by the optimizer's flat buffer under --amp)
+    hands it to the kernels."""
+    function = Conv2d(stride, padding, getattr(w, "bf16", None))
     return function(x, w) if b is None else function(x, w, b)

@@ -16,39 +16,32 @@ consume is not kept for backward.
 Ghost batch norm (`group_size`, training) takes the statistics of each group of images on its
 own, as minidl.ops.norm does; on a GPU, one fused kernel sequence per group.
 """
-from minidl import kernels
-from minidl.autograd import Function
 from minidl.backend import get_array_module
 from minidl.ops.activation import ReLU
-from minidl.ops.norm import BatchNorm, GhostBatchNorm
-
-
-def statistics_groups(n, training, group_size):
-    """The image ranges of a batch of n that BN takes statistics over, as minidl.ops.batch_norm
-    chooses them: the whole batch, or in training consecutive groups of `group_size` images."""
-    if not training or not group_size or group_size >= n:
-        return [slice(0, n)]
-    if n % group_size:
-        raise ValueError(f"a batch of {n} images does not split into BN groups of {group_size}")
-    return [slice(start, start + group_size) for start in range(0, n, group_size)]
+from minidl.ops.dispatch import Op
+from minidl.ops.norm import BatchNorm, GhostBatchNorm, statistics_groups
 
 
 def _join(parts):
     return parts[0] if len(parts) == 1 else get_array_module(parts[0]).concatenate(parts)
 
 
-class BatchNormReLU(Function):
+class BatchNormReLU(Op):
     """relu(BN(x) [+ residual]); inputs (x, γ, β[, residual])."""
 
     def __init__(self, running_mean, running_var, training, momentum, eps, group_size):
         self.norm_args = running_mean, running_var, training, momentum, eps
         self.group_size = group_size
 
+    def state_arrays(self):
+        return self.norm_args[:2]
+
     def forward(self, x, gamma, beta, residual=None):
         self.has_residual = residual is not None
         self.groups = statistics_groups(len(x), self.norm_args[2], self.group_size)
-        if kernels.wants(x, gamma, beta, residual, *self.norm_args[:2]):
-            return self._forward_on_kernels(x, gamma, beta, residual)
+        return super().forward(x, gamma, beta, residual)
+
+    def forward_reference(self, x, gamma, beta, residual):
         self.norm = (BatchNorm(*self.norm_args) if len(self.groups) == 1
                      else GhostBatchNorm(self.group_size, *self.norm_args))
         z = self.norm.forward(x, gamma, beta)
@@ -57,15 +50,12 @@ class BatchNormReLU(Function):
         self.relu = ReLU()
         return self.relu.forward(z)
 
-    def backward(self, gy):
-        if hasattr(self, "saved"):
-            return self._backward_on_kernels(gy)
+    def backward_reference(self, gy):
         g = self.relu.backward(gy)
         gx, ggamma, gbeta = self.norm.backward(g)
         return (gx, ggamma, gbeta, g) if self.has_residual else (gx, ggamma, gbeta)
 
-    def _forward_on_kernels(self, x, gamma, beta, residual):
-        gpu = kernels.device()
+    def forward_kernels(self, gpu, x, gamma, beta, residual):
         outputs, self.saved = [], []
         for part in self.groups:
             y, saved = gpu.batch_norm_forward(x[part], gamma, beta, *self.norm_args, None if residual is None
@@ -75,8 +65,7 @@ class BatchNormReLU(Function):
         self.x, self.y = x, _join(outputs)
         return self.y
 
-    def _backward_on_kernels(self, gy):
-        gpu = kernels.device()
+    def backward_kernels(self, gpu, gy):
         training = self.norm_args[2]
         results = [gpu.batch_norm_backward(gy[part], self.x[part], saved, training, y=self.y[part],
                                            residual_grad=self.has_residual)

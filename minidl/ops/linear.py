@@ -4,8 +4,8 @@ On the CPU the products run on all cores (minidl.parallel.matmul): an ImageNet c
 are a few hundred MFLOP. On a GPU the layer is what it is, a 1×1 convolution of N one-pixel
 images (x as (N, 1, 1, in), w as (out, 1, 1, in)), and runs on the convolution kernels: cuBLAS,
 which CuPy's matmul calls, cannot be captured in a CUDA graph (--cuda-graph)."""
-from minidl import kernels
-from minidl.autograd import Function
+from minidl.ops.bias import add_bias, with_bias_grad
+from minidl.ops.dispatch import Op
 from minidl.parallel import matmul
 
 
@@ -14,26 +14,23 @@ def as_pixels(matrix):
     return matrix.reshape(matrix.shape[0], 1, 1, matrix.shape[1])
 
 
-class Linear(Function):
-    def forward(self, x, w, b=None):
+class Linear(Op):
+    def forward_reference(self, x, w, b=None):
         self.x, self.w, self.has_bias = x, w, b is not None
-        if kernels.wants(x, w):
-            y = kernels.device().conv_forward(as_pixels(x), as_pixels(w), 1, 0).reshape(x.shape[0], w.shape[0])
-        else:
-            y = matmul(x, w.T)
-        if b is not None:
-            y += b
-        return y
+        return add_bias(matmul(x, w.T), b)
 
-    def backward(self, gy):
+    def backward_reference(self, gy):
+        return with_bias_grad(gy, self.has_bias, matmul(gy, self.w), matmul(gy.T, self.x))
+
+    def forward_kernels(self, gpu, x, w, b=None):
+        self.x, self.w, self.has_bias = x, w, b is not None
+        return add_bias(gpu.conv_forward(as_pixels(x), as_pixels(w), 1, 0).reshape(x.shape[0], w.shape[0]), b)
+
+    def backward_kernels(self, gpu, gy):
         x, w = self.x, self.w
-        if kernels.wants(gy, x, w):
-            gpu = kernels.device()
-            gx = gpu.conv_grad_input(as_pixels(gy), as_pixels(w), as_pixels(x).shape, 1, 0).reshape(x.shape)
-            gw = gpu.conv_grad_weight(as_pixels(x), as_pixels(gy), as_pixels(w).shape, 1, 0).reshape(w.shape)
-        else:
-            gx, gw = matmul(gy, w), matmul(gy.T, x)
-        return (gx, gw, gy.sum(axis=0)) if self.has_bias else (gx, gw)
+        gx = gpu.conv_grad_input(as_pixels(gy), as_pixels(w), as_pixels(x).shape, 1, 0).reshape(x.shape)
+        gw = gpu.conv_grad_weight(as_pixels(x), as_pixels(gy), as_pixels(w).shape, 1, 0).reshape(w.shape)
+        return with_bias_grad(gy, self.has_bias, gx, gw)
 
 
 def linear(x, w, b=None):

@@ -2,9 +2,9 @@
 target = (1 − ε)·onehot + ε/K, so loss = (1 − ε)·NLL + ε·mean_k(−log p_k).
 The gradient with respect to the logits is (softmax − target) / N.
 """
-from minidl import kernels
-from minidl.autograd import Function, Tensor
+from minidl.autograd import Tensor
 from minidl.backend import get_array_module
+from minidl.ops.dispatch import Op
 
 
 def log_softmax(logits):
@@ -13,14 +13,18 @@ def log_softmax(logits):
     return shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
 
 
-class SoftmaxCrossEntropy(Function):
+class SoftmaxCrossEntropy(Op):
     def __init__(self, labels, label_smoothing):
         self.labels, self.eps = labels, label_smoothing
 
-    def forward(self, logits):
-        if kernels.wants(logits):  # forward and backward in one pass; backward scales by gy
-            loss, self.grad = kernels.device().softmax_cross_entropy(logits, self.labels, self.eps)
-            return loss
+    def forward_kernels(self, gpu, logits):  # forward and backward in one pass; backward scales by gy
+        loss, self.grad = gpu.softmax_cross_entropy(logits, self.labels, self.eps)
+        return loss
+
+    def backward_kernels(self, gpu, gy):
+        return self.grad * gy
+
+    def forward_reference(self, logits):
         xp = get_array_module(logits)
         n, k = logits.shape
         logp = log_softmax(logits)
@@ -29,9 +33,7 @@ class SoftmaxCrossEntropy(Function):
         smooth = -logp.mean(axis=1)
         return ((1 - self.eps) * nll + self.eps * smooth).mean()
 
-    def backward(self, gy):
-        if hasattr(self, "grad"):
-            return self.grad * gy
+    def backward_reference(self, gy):
         xp = get_array_module(self.logp)
         n, k = self.logp.shape
         grad = xp.exp(self.logp)

@@ -21,9 +21,10 @@ per-channel vectors repeated r times, and the sums of the r channel groups folde
 """
 import functools
 
-from minidl import kernels, workspace
+from minidl import workspace
 from minidl.autograd import Function
 from minidl.backend import get_array_module
+from minidl.ops.dispatch import Op
 from minidl.parallel import WIDE_ROW, map_rows, sum_rows
 
 
@@ -91,17 +92,24 @@ def affine(x2, scale, shift=None):
     return y.reshape(x2.shape)
 
 
-class BatchNorm(Function):
+class BatchNorm(Op):
     def __init__(self, running_mean, running_var, training, momentum, eps):
         self.running_mean, self.running_var = running_mean, running_var
         self.training, self.momentum, self.eps = training, momentum, eps
 
-    def forward(self, x, gamma, beta):
-        if kernels.wants(x, gamma, beta, self.running_mean, self.running_var):
-            self.x = x
-            y, self.saved = kernels.device().batch_norm_forward(
-                x, gamma, beta, self.running_mean, self.running_var, self.training, self.momentum, self.eps)
-            return y
+    def state_arrays(self):
+        return self.running_mean, self.running_var
+
+    def forward_kernels(self, gpu, x, gamma, beta):
+        self.x = x
+        y, self.saved = gpu.batch_norm_forward(x, gamma, beta, self.running_mean, self.running_var, self.training,
+                                               self.momentum, self.eps)
+        return y
+
+    def backward_kernels(self, gpu, gy):
+        return gpu.batch_norm_backward(gy, self.x, self.saved, self.training)[:3]
+
+    def forward_reference(self, x, gamma, beta):
         xp = get_array_module(x)
         x2 = x.reshape(-1, x.shape[-1])
         if self.training:
@@ -123,9 +131,7 @@ class BatchNorm(Function):
         self.running_var *= 1 - m
         self.running_var += m * unbiased_var
 
-    def backward(self, gy):
-        if hasattr(self, "saved"):  # the forward ran on the kernels
-            return kernels.device().batch_norm_backward(gy, self.x, self.saved, self.training)[:3]
+    def backward_reference(self, gy):
         xp = get_array_module(gy)
         channels = gy.shape[-1]
         gy2, x2 = gy.reshape(-1, channels), self.x.reshape(-1, channels)
@@ -162,6 +168,16 @@ def _gradient_sums(g, x):
     return get_array_module(g).stack([column_sums(g), column_sums(g_x)])
 
 
+def statistics_groups(n, training, group_size):
+    """The image ranges of a batch of n that BN takes statistics over: the whole batch, or in
+    training consecutive groups of `group_size` images, which must divide it."""
+    if not training or not group_size or group_size >= n:
+        return [slice(0, n)]
+    if n % group_size:
+        raise ValueError(f"a batch of {n} images does not split into BN groups of {group_size}")
+    return [slice(start, start + group_size) for start in range(0, n, group_size)]
+
+
 class GhostBatchNorm(Function):
     """Batch norm with statistics over groups of `group_size` consecutive images ("ghost" batch
     norm; Goyal et al. normalize over 32 images per worker whatever the batch): each group is
@@ -170,19 +186,17 @@ class GhostBatchNorm(Function):
     def __init__(self, group_size, *batch_norm_args):
         self.group_size, self.batch_norm_args = group_size, batch_norm_args
 
-    def _parts(self, n):
-        return [slice(start, start + self.group_size) for start in range(0, n, self.group_size)]
-
     def forward(self, x, gamma, beta):
-        self.groups = [BatchNorm(*self.batch_norm_args) for _ in self._parts(len(x))]
+        self.parts = statistics_groups(len(x), True, self.group_size)
+        self.groups = [BatchNorm(*self.batch_norm_args) for _ in self.parts]
         y = get_array_module(x).empty_like(x)
-        for group, part in zip(self.groups, self._parts(len(x))):
+        for group, part in zip(self.groups, self.parts):
             y[part] = group.forward(x[part], gamma, beta)
         return y
 
     def backward(self, gy):
         gx, ggamma, gbeta = get_array_module(gy).empty_like(gy), 0, 0
-        for group, part in zip(self.groups, self._parts(len(gy))):
+        for group, part in zip(self.groups, self.parts):
             gx[part], group_ggamma, group_gbeta = group.backward(gy[part])
             ggamma, gbeta = ggamma + group_ggamma, gbeta + group_gbeta
         return gx, ggamma, gbeta
@@ -194,9 +208,6 @@ def batch_norm(x, gamma, beta, running_mean, running_var, training=True, momentu
     are updated in place when training. With `group_size` (training only), statistics over
     groups of that many images, which must divide the batch."""
     args = running_mean, running_var, training, momentum, eps
-    n = getattr(x, "shape", (0,))[0]
-    if not training or not group_size or group_size >= n:
+    if len(statistics_groups(len(x), training, group_size)) == 1:
         return BatchNorm(*args)(x, gamma, beta)
-    if n % group_size:
-        raise ValueError(f"a batch of {n} images does not split into BN groups of {group_size}")
     return GhostBatchNorm(group_size, *args)(x, gamma, beta)

@@ -8,10 +8,9 @@ sends each output's gradient to the FIRST maximum of its window in (r, s) order,
 does, so ties (zeros after a ReLU) are routed the same way. Both directions run over chunks of
 images in parallel (minidl.parallel).
 """
-from minidl import kernels
-from minidl.autograd import Function
 from minidl.backend import get_array_module
 from minidl.ops.conv import output_size, window_range
+from minidl.ops.dispatch import Op
 from minidl.parallel import map_rows
 
 
@@ -26,15 +25,19 @@ def _offsets(kernel, stride, padding, in_hw, out_hw):
                 yield rows[0], rows[1], columns[0], columns[1]
 
 
-class MaxPool2d(Function):
+class MaxPool2d(Op):
     def __init__(self, kernel_size, stride, padding):
         self.kernel, self.stride, self.padding = kernel_size, stride, padding
 
-    def forward(self, x):
-        if kernels.wants(x):  # keeps the argmax bytes instead of the padded input
-            self.x_shape = x.shape
-            y, self.argmax = kernels.device().max_pool_forward(x, self.kernel, self.stride, self.padding)
-            return y
+    def forward_kernels(self, gpu, x):  # keeps the argmax bytes instead of the input
+        self.x_shape = x.shape
+        y, self.argmax = gpu.max_pool_forward(x, self.kernel, self.stride, self.padding)
+        return y
+
+    def backward_kernels(self, gpu, gy):
+        return gpu.max_pool_backward(gy, self.argmax, self.x_shape, self.kernel, self.stride, self.padding)
+
+    def forward_reference(self, x):
         xp = get_array_module(x)
         n, h, w, c = x.shape
         p = output_size(h, self.kernel, self.stride, self.padding)
@@ -52,10 +55,7 @@ class MaxPool2d(Function):
         self.x, self.y, self.offsets = x, y, offsets
         return y
 
-    def backward(self, gy):
-        if hasattr(self, "argmax"):
-            return kernels.device().max_pool_backward(gy, self.argmax, self.x_shape, self.kernel, self.stride,
-                                                      self.padding)
+    def backward_reference(self, gy):
         xp = get_array_module(gy)
         gx = xp.empty(self.x.shape, dtype=gy.dtype)
 
@@ -72,16 +72,19 @@ class MaxPool2d(Function):
         return gx
 
 
-class GlobalAvgPool(Function):
-    def forward(self, x):
+class GlobalAvgPool(Op):
+    def forward_kernels(self, gpu, x):
         self.shape = x.shape
-        if kernels.wants(x):
-            return kernels.device().global_avg_pool_forward(x)
+        return gpu.global_avg_pool_forward(x)
+
+    def backward_kernels(self, gpu, gy):
+        return gpu.global_avg_pool_backward(gy, self.shape)
+
+    def forward_reference(self, x):
+        self.shape = x.shape
         return x.mean(axis=(1, 2))
 
-    def backward(self, gy):
-        if kernels.wants(gy):
-            return kernels.device().global_avg_pool_backward(gy, self.shape)
+    def backward_reference(self, gy):
         xp = get_array_module(gy)
         n, h, w, c = self.shape
         return xp.broadcast_to((gy / (h * w))[:, None, None, :], self.shape).copy()

@@ -2,21 +2,25 @@
 emulator (all kernel families compiled up front, two compilers at a time, when the cache is cold)."""
 import shutil
 
+import numpy
 import pytest
 
 import emulator
-from minidl import backend, kernels
+from minidl import kernels
+from minidl.kernels import loader
 
 EMULATED_MULTIPROCESSORS = 2  # small: grids and split-K take their multi-block paths on small shapes
 FAMILIES = ("conv", "batchnorm", "pool", "softmax_xent", "sgd", "amp")  # the slowest to compile first
 
 
-def source(family):
-    return str(kernels.SOURCE_DIR / f"{family}.cu")
+def emulation_job(family):
+    """(source path, kernel names, defines) of a family, as the emulator compiles it."""
+    module = kernels.FAMILIES[family]
+    return str(loader.source_path(family)), module.NAMES, tuple(sorted(module.DEFINES.items()))
 
 
 def emulated_module(family):
-    return emulator.load(source(family), kernels.KERNELS[family])
+    return emulator.load(*emulation_job(family))
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +28,7 @@ def emulated():
     """minidl.kernels.Kernels over the emulator: NumPy arrays in, the .cu sources run on threads."""
     if shutil.which(emulator.CXX) is None:
         pytest.skip(f"{emulator.CXX} not found: the CPU emulation of the kernels needs a C++20 compiler")
-    emulator.build([(source(f), kernels.KERNELS[f]) for f in FAMILIES])
+    emulator.build([emulation_job(f) for f in FAMILIES])
     return kernels.Kernels(emulated_module, EMULATED_MULTIPROCESSORS)
 
 
@@ -36,12 +40,8 @@ def emulated_wide(emulated):
 
 
 @pytest.fixture
-def emulated_gpu(emulated, monkeypatch):
-    """minidl as on a GPU, its kernels emulated: kernels.device() is `emulated`, kernels.wants()
-    takes NumPy float32 and bf16 arrays (float64 ones keep the reference path: the oracles), and
-    backend.on_gpu is True (the GPU-only features check it)."""
-    monkeypatch.setattr(kernels, "device", lambda: emulated)
-    monkeypatch.setattr(kernels, "wants", lambda *arrays: all(a is None or a.dtype in kernels.KERNEL_DTYPES
-                                                              for a in arrays))
-    monkeypatch.setattr(backend, "on_gpu", True)
-    return emulated
+def emulated_gpu(emulated):
+    """minidl as on a GPU, its kernels emulated: the emulated kernels serve NumPy float32 and bf16
+    arrays (float64 ones keep the reference path: the oracles)."""
+    with kernels.use(emulated, numpy.ndarray):
+        yield emulated

@@ -1,7 +1,7 @@
 """Run the CUDA sources in kernels/*.cu on the CPU, unchanged, from Python.
 
-`load(path, names)` compiles one .cu file with g++ against the emulation header (emu/cuda_emu.h)
-into a shared library and returns a module object with CuPy's RawModule interface:
+`load(path, names, defines)` compiles one .cu file with g++ against the emulation header
+(emu/cuda_emu.h), with the family's constants as -D options (minidl.kernels.loader), into a shared library and returns a module object with CuPy's RawModule interface:
 `module.get_function(name)(grid, block, args, shared_mem=0)`. So minidl.kernels, which builds
 every launch (geometry, workspaces, argument lists), runs the same Python code here as on a GPU,
 with NumPy arrays in place of CuPy arrays.
@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 import numpy
+
+from minidl.kernels.loader import define_options
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 CXX = os.environ.get("CXX", "g++")
@@ -69,33 +71,38 @@ def translation_unit(path, names):
     return f'#include "cuda_emu.h"\n#include "{Path(path).resolve()}"\nEMU_EXPORT_RUNTIME\n{exports}\n'
 
 
-def library_path(path, names):
-    """Where the library for this source, header and flag set lives (its name is their hash)."""
+def flags(defines):
+    return [*FLAGS, *define_options(dict(defines))]
+
+
+def library_path(path, names, defines=()):
+    """Where the library for this source, its headers and flag set lives (its name is their hash)."""
     digest = hashlib.sha256()
-    for part in [Path(path).read_bytes(), translation_unit(path, names).encode(), " ".join([CXX] + FLAGS).encode()]:
+    for part in [Path(path).read_bytes(), translation_unit(path, names).encode(), " ".join([CXX] + flags(defines)).encode()]:
         digest.update(part)
-    for header in sorted(EMU_DIR.iterdir()):
+    for header in sorted(EMU_DIR.iterdir()) + sorted(Path(path).parent.glob("*.cuh")):
         digest.update(header.read_bytes())
     return cache_dir() / f"{Path(path).stem}-{digest.hexdigest()[:20]}.so"
 
 
-def compile_command(path, names, output):
+def compile_command(path, names, defines, output):
     """(command, translation unit text): g++ reads the unit from stdin."""
-    return [CXX, *FLAGS, f"-I{EMU_DIR}", "-x", "c++", "-", "-o", str(output)], translation_unit(path, names)
+    command = [CXX, *flags(defines), f"-I{EMU_DIR}", "-x", "c++", "-", "-o", str(output)]
+    return command, translation_unit(path, names)
 
 
 def build(jobs, parallel=2):
-    """Compile the libraries of several (path, names) not cached yet, `parallel` compilers at a
-    time (what a cold cache costs is mostly this). Safe when several processes race."""
-    pending = [(p, n) for p, n in jobs if not library_path(p, n).exists()]
+    """Compile the libraries of several (path, names, defines) not cached yet, `parallel` compilers
+    at a time (what a cold cache costs is mostly this). Safe when several processes race."""
+    pending = [job for job in jobs if not library_path(*job).exists()]
     while pending:
         batch, pending = pending[:parallel], pending[parallel:]
         running = []
-        for path, names in batch:
-            target = library_path(path, names)
+        for path, names, defines in batch:
+            target = library_path(path, names, defines)
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_suffix(f".{os.getpid()}.tmp")
-            command, unit = compile_command(path, names, partial)
+            command, unit = compile_command(path, names, defines, partial)
             process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)
             process.stdin.write(unit)
@@ -110,10 +117,11 @@ def build(jobs, parallel=2):
 
 
 @functools.lru_cache(maxsize=None)
-def load(path, names):
-    """The emulated module of the .cu at `path` exporting the kernels `names` (a tuple)."""
-    build([(path, names)])
-    return EmulatedModule(ctypes.CDLL(str(library_path(path, names))), names)
+def load(path, names, defines=()):
+    """The emulated module of the .cu at `path` exporting the kernels `names` (a tuple), compiled
+    with `defines` ((name, value) pairs)."""
+    build([(path, names, defines)])
+    return EmulatedModule(ctypes.CDLL(str(library_path(path, names, defines))), names)
 
 
 class EmulatedModule:

@@ -38,7 +38,8 @@ from step_checks import seeded  # noqa: E402
 from minidl import Tensor, backend, kernels, models, nn, ops  # noqa: E402
 from minidl.bench.kernels import PARAMETERS_RESNET50, resnet50_batch_norms, resnet50_convs  # noqa: E402
 from minidl.models.resnet import Bottleneck  # noqa: E402
-from minidl.optim import SGD, padded_size  # noqa: E402
+from minidl.intmath import round_up  # noqa: E402
+from minidl.optim import SGD  # noqa: E402
 
 BATCH = 32
 STEP_BATCH = int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16"))  # the CPU side of the step takes the time
@@ -47,7 +48,7 @@ STEP_BATCH = int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16"))  # the CPU side 
 # few ulps) and by 6.4e-2 under 2^-11 (TF32's rounding): the model's conditioning, not the
 # kernels, sets these errors. A wrong kernel gives errors of order 1.
 STEP_TOLERANCE = {"fp32": 5e-3, "tf32": 1e-1}
-FLAT_SIZE = padded_size(PARAMETERS_RESNET50, 1024)  # the padded flat buffer
+FLAT_SIZE = round_up(PARAMETERS_RESNET50, 1024)  # the padded flat buffer
 AMP_BATCH = 16  # the bf16 and graph steps: both sides run on the GPU
 
 

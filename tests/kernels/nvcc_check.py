@@ -3,7 +3,8 @@
     python tests/kernels/nvcc_check.py [--json FILE]     # a table, or JSON, of every kernel
 
 Each family is compiled as a small translation unit that includes the .cu and takes the
-address of every kernel minidl.kernels launches (KERNELS), which instantiates the templates.
+address of every kernel minidl.kernels launches (each family's NAMES), which instantiates the
+templates, with the family's constants as -D options (its DEFINES).
 Warnings are errors. The report per kernel: registers, spill stores and loads (bytes), stack
 frame, static shared memory (dynamic shared memory is sized at launch: minidl.kernels), barriers.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from minidl.kernels import KERNELS, SOURCE_DIR  # noqa: E402
+from minidl.kernels import FAMILIES, loader  # noqa: E402
 
 ARCH = "sm_90"
 FLAGS = ["-std=c++17", f"-arch={ARCH}", "-cubin", "-Xptxas", "-v", "--Werror", "all-warnings"]
@@ -35,8 +36,9 @@ def find_nvcc():
 
 
 def sources():
-    """(family, path, kernel name expressions) of every source nvcc must compile."""
-    return [(f, SOURCE_DIR / f"{f}.cu", names) for f, names in KERNELS.items()] + [("emu_selftest", SELFTEST, ())]
+    """(family, path, kernel name expressions, -D options) of every source nvcc must compile."""
+    return [(f, loader.source_path(f), m.NAMES, loader.define_options(m.DEFINES)) for f, m in FAMILIES.items()] + \
+        [("emu_selftest", SELFTEST, (), ())]
 
 
 def translation_unit(path, names):
@@ -77,12 +79,12 @@ def parse_ptxas(log):
     return kernels
 
 
-def compile_family(nvcc, path, names):
+def compile_family(nvcc, path, names, options=()):
     """(returncode, log, {kernel: resources}) for one source."""
     with tempfile.TemporaryDirectory() as tmp:
         unit = Path(tmp) / "unit.cu"
         unit.write_text(translation_unit(path, names))
-        result = subprocess.run([nvcc, *FLAGS, "-o", str(Path(tmp) / "unit.cubin"), str(unit)],
+        result = subprocess.run([nvcc, *FLAGS, *options, "-o", str(Path(tmp) / "unit.cubin"), str(unit)],
                                 capture_output=True, text=True)
     log = result.stdout + result.stderr
     parsed = parse_ptxas(log)
@@ -94,7 +96,8 @@ def compile_all(nvcc, parallel=2):
     """{family: (returncode, log, kernels)}, `parallel` compilers at a time."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(parallel) as pool:
-        futures = {family: pool.submit(compile_family, nvcc, path, names) for family, path, names in sources()}
+        futures = {family: pool.submit(compile_family, nvcc, path, names, options)
+                   for family, path, names, options in sources()}
         return {family: future.result() for family, future in futures.items()}
 
 

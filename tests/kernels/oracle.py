@@ -217,10 +217,9 @@ def check_sgd(gpu, xp, n, nesterov, decay, steps=3, seed=0, offset=0, rate_insid
 
 
 def check_sgd_scalars(gpu, xp, n, rate_inside, steps=3, seed=0):
-    """The update through device scalars (what a CUDA graph replays): sgd_scalars(launch=False)
-    stores the step's rate, gradient scale and momentum correction, sgd_scalars(launch=True)
-    updates with them. Bit for bit the plain update (check_sgd: the reference's), the rate
-    changing every step."""
+    """The update through device scalars (what a CUDA graph replays): store_sgd_scalars stores the
+    step's rate, gradient scale and momentum correction, sgd_momentum_update_from updates with
+    them. Bit for bit the plain update (check_sgd: the reference's), the rate changing every step."""
     rng = numpy.random.default_rng(seed)
     w, u = (rng.standard_normal(n).astype(numpy.float32) for _ in range(2))
     rates = xp.asarray((rng.integers(0, 2, n) * 1e-4).astype(numpy.float32))
@@ -229,14 +228,10 @@ def check_sgd_scalars(gpu, xp, n, rate_inside, steps=3, seed=0):
     for step in range(steps):
         g = xp.asarray(rng.standard_normal(n).astype(numpy.float32))
         lr, correction = 0.1 * (step + 1), (step + 1) / step if step else 1.0
-        with gpu.sgd_scalars(scalars, launch=False):
-            gpu.sgd_momentum_update(through_scalars[0], g, through_scalars[1], lr, 0.9, 0.25, rates, False,
-                                    rate_inside, correction)
+        gpu.store_sgd_scalars(scalars, lr, 0.25, correction)
         assert numpy.array_equal(to_numpy(scalars), numpy.float32([lr, 0.25, correction])), "stored scalars"
         assert numpy.array_equal(to_numpy(through_scalars[0]), to_numpy(plain[0])), "storing changed the weights"
-        with gpu.sgd_scalars(scalars, launch=True):  # the arguments that the scalars replace are ignored
-            gpu.sgd_momentum_update(through_scalars[0], g, through_scalars[1], -1.0, 0.9, -1.0, rates, False,
-                                    rate_inside, -1.0)
+        gpu.sgd_momentum_update_from(scalars, through_scalars[0], g, through_scalars[1], 0.9, rates, False, rate_inside)
         gpu.sgd_momentum_update(plain[0], g, plain[1], lr, 0.9, 0.25, rates, False, rate_inside, correction)
         for name, ours, theirs in zip(("weights", "momentum"), through_scalars, plain):
             assert numpy.array_equal(to_numpy(ours), to_numpy(theirs)), f"SGD through scalars, step {step}: {name}"

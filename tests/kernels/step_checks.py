@@ -29,8 +29,8 @@ import oracle  # noqa: E402
 from helpers import unfused_block_forward  # noqa: E402
 from minidl import Tensor, nn, ops  # noqa: E402
 from minidl.backend import get_array_module, to_numpy  # noqa: E402
-from minidl.device_step import DeviceStep  # noqa: E402
-from minidl.graph import GraphedStep  # noqa: E402
+from minidl.training.device_step import DeviceStep  # noqa: E402
+from minidl.training.graph import GraphedStep  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 
 # A bf16 step against the float32 step, as relative errors |Δ| / |float32|: the loss; the

@@ -7,9 +7,11 @@ import pytest
 import torch
 
 import oracle
-from minidl import Tensor, ops
-from minidl.backend import BF16, autocast
-from minidl.optim import LARS
+from minidl import Tensor, kernels, ops
+from minidl.backend import BF16
+from minidl.optim import LARS, SGD
+from minidl.training.graph import GraphedStep
+from test_emulated_ops import Recording
 
 
 def test_nearest_bf16_agrees_with_torch():
@@ -33,41 +35,45 @@ def test_sgd_through_device_scalars(emulated, n, rate_inside):
     oracle.check_sgd_scalars(emulated, numpy, n, rate_inside)
 
 
-def test_sgd_scalars_refuses_an_update_it_cannot_replay(emulated_gpu):
-    """LARS updates without sgd_momentum_update: nothing would be stored for a replay."""
+def test_a_step_without_a_device_half_is_refused_for_replay(emulated_gpu):
+    """LARS has no device half of its step (stage_step / step_from_device): nothing would be
+    staged for a replay, so a graph of it is refused; SGD's device half needs its staged scalars."""
     params = [Tensor(numpy.ones((4, 4), dtype=numpy.float32), requires_grad=True)]
-    optimizer = LARS(params, lr=0.1, align=8)
-    scalars = numpy.zeros(3, dtype=numpy.float32)
-    with pytest.raises(RuntimeError, match="one SGD update was expected"):
-        with emulated_gpu.sgd_scalars(scalars, launch=False):
-            optimizer.step()
-    with pytest.raises(RuntimeError, match="does not nest"):
-        with emulated_gpu.sgd_scalars(scalars, launch=True), emulated_gpu.sgd_scalars(scalars, launch=True):
-            pass
+    with pytest.raises(TypeError, match="cannot be replayed from a CUDA graph"):
+        GraphedStep(lambda images, labels, staged: None, LARS(params, lr=0.1, align=8), (2, 4, 4, 3))
+    sgd = SGD([Tensor(numpy.ones((4, 4), dtype=numpy.float32), requires_grad=True)], lr=0.1, align=8)
+    with pytest.raises(RuntimeError, match="call it first"):
+        sgd.step_from_device()
 
 
-def test_convolution_reads_the_weights_through_the_shadow(emulated):
+def test_convolution_reads_the_weights_through_the_bf16_copy(emulated_gpu):
+    """The flat buffer's bf16 copy: each parameter's `.bf16` view holds its weights rounded to
+    bf16 after a refresh (and keeps the old ones until then), and a convolution of bf16 data
+    reads that view rather than casting the weight."""
     rng = numpy.random.default_rng(0)
-    flat = rng.standard_normal(8 + 16 * 3 * 3 * 8).astype(numpy.float32)
-    w = flat[8:].reshape(16, 3, 3, 8)  # a parameter: a view into the flat buffer, 32 bytes in
-    shadow = emulated.bf16_shadow(flat)
-    assert emulated.bf16_shadow(flat) is shadow, "one shadow per buffer"
-    shadow.refresh()
-    view = emulated.weight_like(numpy.empty(1, dtype=BF16), w)
-    assert numpy.shares_memory(view, shadow.bits) and numpy.array_equal(view, oracle.to_bf16(w))
-    assert shadow.view_of(flat[1:9]) is None, "a copy 2 bytes off 16-byte alignment cannot feed the tiles"
-    assert not numpy.shares_memory(emulated.weight_like(numpy.empty(1, dtype=BF16), w.copy()), shadow.bits)
+    bias = Tensor(rng.standard_normal(3).astype(numpy.float32), requires_grad=True)  # shifts w off 16 bytes
+    w = Tensor(rng.standard_normal((16, 3, 3, 8)).astype(numpy.float32), requires_grad=True)
+    w_aligned = Tensor(rng.standard_normal((16, 3, 3, 8)).astype(numpy.float32), requires_grad=True)
+    flat = SGD([w_aligned, bias, w], lr=0.1, align=8).flat
+    flat.keep_bf16_copy()
+    assert numpy.shares_memory(w_aligned.bf16, flat.bf16) and w.bf16 is None, \
+        "a copy 2 bytes off 16-byte alignment cannot feed the tiles"
+    flat.refresh_bf16_copy()
+    assert numpy.array_equal(w_aligned.bf16, oracle.to_bf16(w_aligned.data))
 
-    x = oracle.to_bf16(rng.standard_normal((2, 5, 5, 8)).astype(numpy.float32))
-    y = emulated.conv_forward(x, w, 1, 1)
-    x64, w64 = (Tensor(oracle.from_bf16(a).astype(numpy.float64)) for a in (x, view))
+    x = Tensor(oracle.to_bf16(rng.standard_normal((2, 5, 5, 8)).astype(numpy.float32)))
+    recording = Recording(emulated_gpu)
+    with kernels.use(recording, numpy.ndarray):
+        y = ops.conv2d(x, w_aligned, stride=1, padding=1)
+    assert "cast" not in recording.called, "the weight was cast instead of read from its bf16 copy"
+    x64, w64 = (Tensor(oracle.from_bf16(a).astype(numpy.float64)) for a in (x.data, w_aligned.bf16))
     expected = ops.conv2d(x64, w64, stride=1, padding=1).data
-    oracle.assert_close(oracle.from_bf16(y), expected, oracle.TOLERANCE["bf16"], "conv of bf16 data, float32 weight")
+    oracle.assert_close(oracle.from_bf16(y.data), expected, oracle.TOLERANCE["bf16"], "conv of bf16 data, bf16 copy")
 
-    w[...] = 0  # an update; until the refresh the shadow keeps the old weights, after it the new
-    assert view.any()
-    shadow.refresh()
-    assert not view.any()
+    w_aligned.data[...] = 0  # an update; until the refresh the copy keeps the old weights, after it the new
+    assert w_aligned.bf16.any()
+    flat.refresh_bf16_copy()
+    assert not w_aligned.bf16.any()
 
 
 def test_casts_and_a_bf16_tensor_read_twice(emulated_gpu):
@@ -76,9 +82,8 @@ def test_casts_and_a_bf16_tensor_read_twice(emulated_gpu):
     rng = numpy.random.default_rng(0)
     x = Tensor(rng.standard_normal((3, 4, 5, 8)).astype(numpy.float32), requires_grad=True)
     g = rng.standard_normal(x.shape).astype(numpy.float32)
-    with autocast():
-        y = ops.to_compute_dtype(x)
-    assert y.dtype == BF16 and ops.to_compute_dtype(y) is y
+    y = ops.to_compute_dtype(x, BF16)
+    assert y.dtype == BF16 and ops.to_compute_dtype(y, BF16) is y
     a, b = y, y
     z = ops.to_float(a) + ops.to_float(b)
     assert numpy.array_equal(z.data, 2 * oracle.from_bf16(oracle.to_bf16(x.data)))

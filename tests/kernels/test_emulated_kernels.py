@@ -6,7 +6,9 @@ import numpy
 import pytest
 
 import oracle
-from minidl.kernels import BN_FINALIZE_BLOCK, CONV_TILES, ceil_div
+from minidl.intmath import ceil_div
+from minidl.kernels.batchnorm import FINALIZE_LANES
+from minidl.kernels.conv import TILES
 from minidl.ops.conv import correlate
 
 # mode, n, h, w, c, k, r, stride, padding, the tile that must run
@@ -41,7 +43,7 @@ def test_conv(emulated, case):
 def test_split_k_cases_split(emulated, case):
     """The split-K cases above really split the pixel reduction (and leave no split empty)."""
     _, n, h, w, c, k, r, stride, padding, tile = CONV_CASES[case]
-    t = CONV_TILES[tile]
+    t = TILES[tile]
     pixels = n * ((h + 2 * padding - r) // stride + 1) * ((w + 2 * padding - r) // stride + 1)
     k_tiles = ceil_div(pixels, t.bk)
     splits = emulated.wgrad_splits(ceil_div(k, t.bm) * ceil_div(r * r * c, t.bn), k_tiles)
@@ -73,7 +75,7 @@ def test_batch_norm_with_more_slabs_than_finalize_lanes(emulated_wide, mode, fus
     """70 slabs: the finalize kernels' 32 lanes take two or three slabs each."""
     shape = (5, 28, 32, 16)
     (_, slabs), _ = emulated_wide._bn_grid(5 * 28 * 32, 16)
-    assert slabs == 70 > 2 * BN_FINALIZE_BLOCK[1]
+    assert slabs == 70 > 2 * FINALIZE_LANES
     oracle.check_batch_norm(emulated_wide, numpy, mode, shape, True, fused, offset=3.0)
 
 

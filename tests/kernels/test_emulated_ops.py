@@ -1,6 +1,6 @@
-"""The GPU branches of minidl.ops, run on the CPU: `kernels.device()` is replaced by the
-emulated kernels and `kernels.wants` accepts NumPy float32 arrays, so a training step of a
-small network goes through exactly the code a GPU runs (conv, batch norm, max and average
+"""The GPU branches of minidl.ops, run on the CPU: the emulated kernels are put in charge of
+NumPy arrays (`kernels.use`), so a training step of a small network goes through exactly the
+code a GPU runs (conv, batch norm, max and average
 pool, softmax cross-entropy, the SGD update) and must match the same step on the reference path."""
 import numpy
 import pytest
@@ -68,10 +68,9 @@ def train_step(nesterov):
 def test_training_step_through_the_gpu_branches(emulated, monkeypatch, tf32):
     reference = train_step(nesterov=True)
     recording = Recording(emulated)
-    monkeypatch.setattr(kernels, "device", lambda: recording)
-    monkeypatch.setattr(kernels, "wants", lambda *arrays: all(a is None or a.dtype == numpy.float32 for a in arrays))
     monkeypatch.setattr(emulated, "allow_tf32", tf32)
-    loss, grad, params, buffers = train_step(nesterov=True)
+    with kernels.use(recording, numpy.ndarray):
+        loss, grad, params, buffers = train_step(nesterov=True)
 
     assert recording.called >= {"conv_forward", "conv_grad_input", "conv_grad_weight", "batch_norm_forward",
                                 "batch_norm_backward", "max_pool_forward", "max_pool_backward",
@@ -88,16 +87,15 @@ def test_training_step_through_the_gpu_branches(emulated, monkeypatch, tf32):
 def test_linear_runs_as_a_one_pixel_convolution(emulated, monkeypatch, tf32, features):
     """ops.linear's GPU branch (the convolution kernels; cuBLAS cannot be captured in a CUDA
     graph) against the float64 products: output and the three gradients."""
-    monkeypatch.setattr(kernels, "device", lambda: emulated)
-    monkeypatch.setattr(kernels, "wants", lambda *arrays: all(a is None or a.dtype == numpy.float32 for a in arrays))
     monkeypatch.setattr(emulated, "allow_tf32", tf32)
     rng = numpy.random.default_rng(6)
     in_features, out_features = features
     x, w, b, gy = (rng.standard_normal(shape) for shape in ((5, in_features), (out_features, in_features),
                                                               (out_features,), (5, out_features)))
     inputs = [Tensor(a.astype(numpy.float32), requires_grad=True) for a in (x, w, b)]
-    y = ops.linear(*inputs)
-    y.backward(gy.astype(numpy.float32))
+    with kernels.use(emulated, numpy.ndarray):
+        y = ops.linear(*inputs)
+        y.backward(gy.astype(numpy.float32))
     tolerance = oracle.TOLERANCE["tf32" if tf32 else "fp32"]
     oracle.assert_close(y.data, x @ w.T + b, tolerance, "linear output")
     for name, tensor, expected in (("x", inputs[0], gy @ w), ("w", inputs[1], gy.T @ x), ("b", inputs[2], gy.sum(0))):

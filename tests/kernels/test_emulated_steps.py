@@ -13,7 +13,7 @@ import pytest
 import oracle
 import step_checks
 from step_checks import seeded
-from minidl.device_step import DeviceStep
+from minidl.training.device_step import DeviceStep
 from minidl.models.resnet import BasicBlock, Bottleneck, ResNet, cifar_stem
 from minidl.optim import SGD
 
@@ -84,8 +84,8 @@ def test_replayed_steps_equal_eager_steps(emulated_gpu):
 
 
 def test_each_step_refreshes_the_bf16_weights_after_the_update(emulated_gpu):
-    """Under --amp the convolutions read the shadow: it must hold the weights the previous
-    update left, i.e. be refreshed inside each step, before its forward pass."""
+    """Under --amp the convolutions read the flat buffer's bf16 copy: it must hold the weights the
+    previous update left, i.e. be refreshed inside each step, before its forward pass."""
     model = seeded(TINY_RESNETS["basic"])()
     optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9)
     step = DeviceStep(model, optimizer, amp=True)
@@ -94,4 +94,4 @@ def test_each_step_refreshes_the_bf16_weights_after_the_update(emulated_gpu):
     step(images, labels)
     updated = optimizer.flat.data.copy()
     step(images, labels)
-    assert numpy.array_equal(step.shadow.bits, oracle.to_bf16(updated))
+    assert numpy.array_equal(optimizer.flat.bf16, oracle.to_bf16(updated))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import nvcc_check
-from minidl.kernels import KERNELS, SOURCE_DIR, compile_options
+from minidl.kernels import FAMILIES, loader
 
 CUPY_ADDS = ("-arch=sm_90", "--device-as-default-execution-space", "-ftz=true")
 REPORT = ("--ptxas-options=-v",)
@@ -81,15 +81,15 @@ def nvrtc():
     return Nvrtc(lib)
 
 
-@pytest.mark.parametrize("family", list(KERNELS))
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_compiles_with_nvrtc(nvrtc, family):
-    options = compile_options() + CUPY_ADDS + REPORT
-    ok, log, lowered = nvrtc.compile((SOURCE_DIR / f"{family}.cu").read_text(), f"{family}.cu", options,
-                                     KERNELS[family])
+    names = FAMILIES[family].NAMES
+    options = loader.compile_options(FAMILIES[family].DEFINES) + CUPY_ADDS + REPORT
+    ok, log, lowered = nvrtc.compile(loader.source_path(family).read_text(), f"{family}.cu", options, names)
     assert ok, f"NVRTC failed on {family}.cu with {options}:\n{log}"
     compiler_lines = [line for line in log.splitlines() if not line.startswith("ptxas")]
     assert not any("warning" in line.lower() for line in compiler_lines), f"NVRTC warnings on {family}.cu:\n{log}"
-    assert set(lowered) == set(KERNELS[family]) and all(lowered.values())
+    assert set(lowered) == set(names) and all(lowered.values())
     resources = nvcc_check.parse_ptxas(log)
     assert set(resources) == set(lowered.values()), "ptxas reported other kernels than the name expressions"
     for mangled, r in resources.items():

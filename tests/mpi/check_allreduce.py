@@ -10,13 +10,13 @@ import os
 import numpy as np
 from common import Checks
 
-from minidl import dist
+from minidl import distributed
 from minidl.errors import UserError
 
 LENGTHS = (0, 1, 7, 1001, 65537)
 DTYPES = (np.float32, np.float64)
 
-comm = dist.init()
+comm = distributed.init()
 checks = Checks(comm)
 rank, size = comm.rank, comm.size
 divisors = [d for d in range(1, size + 1) if size % d == 0]
@@ -70,7 +70,7 @@ def check_collectives():
 
 
 def check_nodes(ranks_per_node):
-    grouped = dist.Communicator(ranks_per_node=ranks_per_node)
+    grouped = distributed.Communicator(ranks_per_node=ranks_per_node)
     nodes = -(-size // ranks_per_node)
     checks.true((grouped.local_rank, grouped.node, grouped.num_nodes) == (rank % ranks_per_node, rank // ranks_per_node, nodes),
                 f"node grouping by {ranks_per_node}: {grouped.local_rank}, {grouped.node}, {grouped.num_nodes}")
@@ -78,23 +78,23 @@ def check_nodes(ranks_per_node):
 
 
 check_collectives()
-check_allreduce(dist.AllReduce(comm, "ring"), "ring")
-check_allreduce(dist.AllReduce(comm, "torus2d"), f"torus2d default {dist.square_grid(size)}")
+check_allreduce(distributed.AllReduce(comm, "ring"), "ring")
+check_allreduce(distributed.AllReduce(comm, "torus2d"), f"torus2d default {distributed.square_grid(size)}")
 for x in divisors:
-    check_allreduce(dist.AllReduce(comm, "torus2d", (x, size // x)), f"torus2d {x}x{size // x}")
+    check_allreduce(distributed.AllReduce(comm, "torus2d", (x, size // x)), f"torus2d {x}x{size // x}")
 for ranks_per_node in divisors:
-    allreduce = dist.AllReduce(check_nodes(ranks_per_node), "hierarchical")
+    allreduce = distributed.AllReduce(check_nodes(ranks_per_node), "hierarchical")
     checks.true(allreduce.alignment == ranks_per_node, f"hierarchical alignment {allreduce.alignment}")
     check_allreduce(allreduce, f"hierarchical {ranks_per_node} ranks per node")
 # the world communicator groups by $MINIDL_RANKS_PER_NODE when set, else by the real node (one here)
 per_node = int(os.environ.get("MINIDL_RANKS_PER_NODE", size))
-check_allreduce(dist.AllReduce(comm, "hierarchical"), f"hierarchical, {per_node} ranks per node from the environment")
+check_allreduce(distributed.AllReduce(comm, "hierarchical"), f"hierarchical, {per_node} ranks per node from the environment")
 checks.true((comm.local_rank, comm.local_size, comm.num_nodes) == (rank % per_node, per_node, size // per_node),
             f"world grouping: local rank {comm.local_rank} of {comm.local_size}, {comm.num_nodes} nodes")
 
 checks.raises(UserError, f"has {size + 1} ranks but the job has {size}",
-              lambda: dist.AllReduce(comm, "torus2d", (size + 1, 1)), "a torus larger than the job")
+              lambda: distributed.AllReduce(comm, "torus2d", (size + 1, 1)), "a torus larger than the job")
 if size > 2:  # size - 1 ranks per node leaves a smaller last node
     checks.raises(UserError, "same number of ranks on every node",
-                  lambda: dist.AllReduce(check_nodes(size - 1), "hierarchical"), "uneven nodes")
+                  lambda: distributed.AllReduce(check_nodes(size - 1), "hierarchical"), "uneven nodes")
 checks.finish()

@@ -5,8 +5,8 @@ import itertools
 
 from common import Checks
 
-from minidl import dist
-from minidl.dist.nccl_transport import NcclTransport
+from minidl import distributed
+from minidl.distributed.nccl_transport import NcclTransport
 from minidl.errors import UserError
 
 
@@ -24,7 +24,7 @@ class FakeNccl:
         return len(self.created)
 
 
-comm = dist.init()
+comm = distributed.init()
 checks = Checks(comm)
 rank, size = comm.rank, comm.size
 fake = FakeNccl(rank)
@@ -37,5 +37,5 @@ checks.true(fake.created == [(size, "id 0 made by world rank 0", rank),
                              (row_size, f"id {int(first_of_row == 0)} made by world rank {first_of_row}", rank % 2)],
             f"NCCL communicators {fake.created}")
 if size > 1:
-    checks.raises(UserError, "nccl backend needs CuPy", lambda: dist.Communicator("nccl"), "nccl without a GPU")
+    checks.raises(UserError, "nccl backend needs CuPy", lambda: distributed.Communicator("nccl"), "nccl without a GPU")
 checks.finish()

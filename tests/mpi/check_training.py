@@ -13,11 +13,11 @@ import math
 import numpy as np
 from common import Checks, TiedNet
 
-from minidl import dist, models, nn, ops
+from minidl import distributed, models, nn, ops
 from minidl.autograd import Tensor
 from minidl.optim import SGD
 
-comm = dist.init()
+comm = distributed.init()
 checks = Checks(comm)
 rank, size = comm.rank, comm.size
 
@@ -51,7 +51,7 @@ def check_overlap(allreduce, build, label, bucket_mb):
     nn.manual_seed(1)
     model = build()
     optimizer = SGD(model.parameters(), lr=0.1)
-    reducer = dist.GradientReducer(allreduce, optimizer.flat, bucket_mb)
+    reducer = distributed.GradientReducer(allreduce, optimizer.flat, bucket_mb)
     data = np.random.default_rng(10 + rank)
     x, labels = data.standard_normal((2, 8, 8, 3)).astype(np.float32), data.integers(0, 5, 2)
     results = {}
@@ -90,7 +90,7 @@ def check_equivalence(allreduce, label, steps=3, batch=2):
                           grad_scale=grad_scale, align=align)
 
     model, optimizer = build(1 / size, math.lcm(1024, allreduce.alignment))
-    reducer = dist.GradientReducer(allreduce, optimizer.flat, bucket_mb=0.0005)
+    reducer = distributed.GradientReducer(allreduce, optimizer.flat, bucket_mb=0.0005)
     single, single_optimizer = build(1.0, 1024)
     mine = slice(rank * batch, (rank + 1) * batch)
     for step in range(steps):
@@ -114,12 +114,12 @@ def check_batch_norm(allreduce):
     nn.manual_seed(100 + rank)  # a different initialization on every rank ...
     model = SmallNet(batch_norm=True)
     model.bn.running_mean[...] = rank
-    dist.broadcast_state(comm, model.state_dict().values())  # ... until rank 0's is broadcast
+    distributed.broadcast_state(comm, model.state_dict().values())  # ... until rank 0's is broadcast
     for name, array in model.state_dict().items():
         identical_everywhere(array, f"broadcast {name}")
     checks.equal(model.bn.running_mean, np.zeros(3), "broadcast running_mean is rank 0's zeros")
     optimizer = SGD(model.parameters(), lr=0.1, grad_scale=1 / size)
-    reducer = dist.GradientReducer(allreduce, optimizer.flat)
+    reducer = distributed.GradientReducer(allreduce, optimizer.flat)
     x = np.random.default_rng(rank).standard_normal((4, 5, 5, 3)).astype(np.float32) + rank
     optimizer.zero_grad()
     reducer.backward(loss_of(model, x, np.arange(4) % 5))
@@ -132,14 +132,14 @@ def check_batch_norm(allreduce):
     identical_everywhere(optimizer.flat.data, "parameters after a step with batch norm")
 
 
-x_side = dist.square_grid(size)[0]
+x_side = distributed.square_grid(size)[0]
 configurations = [("ring", comm, None), ("torus2d", comm, None), ("torus2d", comm, (size, 1)),
-                  ("hierarchical", dist.Communicator(ranks_per_node=x_side), None)]
+                  ("hierarchical", distributed.Communicator(ranks_per_node=x_side), None)]
 for algorithm, group, shape in configurations:
-    allreduce = dist.AllReduce(group, algorithm, shape)
+    allreduce = distributed.AllReduce(group, algorithm, shape)
     label = repr(allreduce) + (f" with {x_side} ranks per node" if algorithm == "hierarchical" else "")
     check_overlap(allreduce, lambda: models.resnet20(num_classes=5), f"resnet20 {label}", bucket_mb=0.1)
     check_overlap(allreduce, TiedNet, f"tied layer {label}", bucket_mb=0.0002)
     check_equivalence(allreduce, label)
-check_batch_norm(dist.AllReduce(comm, "torus2d"))
+check_batch_norm(distributed.AllReduce(comm, "torus2d"))
 checks.finish()

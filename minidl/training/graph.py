@@ -1,9 +1,10 @@
 """A training step captured once in a CUDA graph and replayed (`--cuda-graph`): one launch per
 step instead of hundreds of launches driven from Python (cupy.cuda.Graph, by stream capture).
 
-`GraphedStep(step, optimizer, images_shape)` wraps `step(images, labels)`, a function that does
-one whole training step on the device (minidl.device_step.DeviceStep: zero the gradients,
-forward, loss, backward, all-reduce on one rank, update), and runs it:
+`GraphedStep(step, optimizer, images_shape)` wraps `step(images, labels, staged=True)`, a
+function that does one whole training step on the device (minidl.training.device_step.DeviceStep:
+zero the gradients, forward, loss, backward, the update as the device half of the optimizer's
+step), and runs it:
 
     calls 1 .. warmup   eagerly, on the capture stream, allocating from the graph's own pool;
     the next call       captured (the stream records the kernels instead of running them), then
@@ -11,14 +12,15 @@ forward, loss, backward, all-reduce on one rank, update), and runs it:
     later calls         launched: the recorded kernels run again with the recorded arguments.
 Every call runs the same kernels, the warm-ups included (the update reads its scalars from the
 device in all of them), so the warm-ups leave nothing to load or compile during the capture.
+Before each call the optimizer's host half (`stage_step`) stages this step's rate.
 
 A replay sees nothing new, so all that changes between steps lives in device memory at fixed
 addresses:
 - the batch: copied into the static buffers `images`, `labels` before each call (a batch of
   another shape, shortened by undecodable images, runs eagerly instead);
-- the rate, gradient scale and momentum correction: the SGD kernel reads them from the device
-  array `scalars` (kernels.sgd_scalars), which the host side of `optimizer.step()` fills before
-  each replay: a changed rate needs no new capture;
+- the rate, gradient scale and momentum correction: the SGD kernel reads them from the
+  optimizer's `device_scalars`, which `optimizer.stage_step()` fills before each replay: a
+  changed rate needs no new capture;
 - parameters, gradients, momentum, BN statistics and the device loss sum: updated in place,
   never reallocated (the optimizer's flat buffers, the modules' buffers, DeviceStep's sums).
 
@@ -37,13 +39,12 @@ are launched on the caller's stream itself.
 What the step function must keep to: no host synchronization or host-to-device copy inside
 (`float(array)`, `xp.asarray(host values)`), the same kernels and shapes on every call, no
 randomness drawn on the host, one process (a multi-rank all-reduce is not captured: the trainer
-runs those eagerly), an optimizer whose update is one `sgd_momentum_update` (SGD, not LARS).
+runs those eagerly), an optimizer with a device half of its step (SGD; LARS has none).
 """
 import contextlib
 
 import numpy
 
-from minidl import kernels
 from minidl.backend import xp
 
 WARMUP_STEPS = 2
@@ -87,10 +88,12 @@ class CudaCapture:
 
 class GraphedStep:
     def __init__(self, step, optimizer, images_shape, warmup=WARMUP_STEPS, cuda=None):
+        if not hasattr(optimizer, "stage_step"):
+            raise TypeError(f"{type(optimizer).__name__} cannot be replayed from a CUDA graph: its step has no "
+                            "device half (stage_step / step_from_device); use SGD")
         self.step, self.optimizer = step, optimizer
         self.images = xp.empty(images_shape, dtype=numpy.uint8)
         self.labels = xp.empty(images_shape[0], dtype=numpy.int64)
-        self.scalars = xp.zeros(3, dtype=numpy.float32)
         self.warmup_left = warmup
         self.cuda = CudaCapture() if cuda is None else cuda
         self.graph = None
@@ -98,22 +101,20 @@ class GraphedStep:
     def __call__(self, images, labels):
         """One step on this batch: uint8 images on the device, integer labels (host or device)."""
         labels = xp.asarray(labels)
+        self.optimizer.stage_step()  # the host half: this step's rate into the device scalars
         if images.shape != self.images.shape:
-            self.step(images, labels)  # not the captured shape: eagerly, outside the graph's pool
+            self.step(images, labels, staged=True)  # not the captured shape: eagerly, outside the graph's pool
             return
         self.images[...] = images
         self.labels[...] = labels
-        with kernels.device().sgd_scalars(self.scalars, launch=False):
-            self.optimizer.step()  # its host side: this step's rate into `scalars`
         if self.warmup_left:
             self.warmup_left -= 1
             with self.cuda.running():
-                self._step_reading_scalars()
+                self._staged_step()
         else:
             if self.graph is None:
-                self.graph = self.cuda.capture(self._step_reading_scalars)
+                self.graph = self.cuda.capture(self._staged_step)
             self.cuda.launch(self.graph)
 
-    def _step_reading_scalars(self):
-        with kernels.device().sgd_scalars(self.scalars, launch=True):
-            self.step(self.images, self.labels)
+    def _staged_step(self):
+        self.step(self.images, self.labels, staged=True)

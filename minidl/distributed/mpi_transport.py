@@ -11,19 +11,19 @@ non-blocking ones (MPI-3), which progress whenever the process enters MPI (`test
 """
 import ctypes
 import functools
-import os
 
 import numpy
 
-from minidl.dist.launch import load_mpi
+from minidl import environment
+from minidl.distributed.launch import load_mpi
 
 
 @functools.cache
 def cuda_aware():
     """Whether MPI can take device pointers."""
-    forced = os.environ.get("MINIDL_CUDA_AWARE_MPI")
-    if forced in ("0", "1"):
-        return forced == "1"
+    forced = environment.value("MINIDL_CUDA_AWARE_MPI")
+    if forced is not None:
+        return forced
     try:  # the mpi4py extension module resolves the symbol through the libmpi it links
         query = ctypes.CDLL(load_mpi().__file__).MPIX_Query_cuda_support
     except (OSError, AttributeError):

@@ -24,11 +24,12 @@ import sys
 
 import numpy
 
+from minidl import environment
 from minidl.backend import on_gpu, select_device
-from minidl.dist import watcher
-from minidl.dist.launch import check_world_size, launched_by_mpi, load_mpi
-from minidl.dist.mpi_transport import MpiTransport
-from minidl.dist.nccl_transport import NcclTransport
+from minidl.distributed import watcher
+from minidl.distributed.launch import check_world_size, launched_by_mpi, load_mpi
+from minidl.distributed.mpi_transport import MpiTransport
+from minidl.distributed.nccl_transport import NcclTransport
 from minidl.errors import UserError
 
 BACKENDS = ("mpi", "nccl")
@@ -211,14 +212,10 @@ def _check(op, src, dst, size):
 def _ranks_per_node(value):
     """The node grouping override: an argument, else $MINIDL_RANKS_PER_NODE, else None (real nodes)."""
     if value is None:
-        value = os.environ.get("MINIDL_RANKS_PER_NODE") or None
-        if value is None:
-            return None
-    count = int(value) if str(value).strip().isdigit() else 0
-    if count < 1:
-        raise UserError(f"ranks per node must be a positive integer, not {value!r}: fix "
-                        "MINIDL_RANKS_PER_NODE or unset it to group ranks by their real nodes")
-    return count
+        return environment.value("MINIDL_RANKS_PER_NODE")
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"ranks per node must be a positive integer, not {value!r}")
+    return value
 
 
 def _world_nccl(comm):

@@ -23,9 +23,9 @@ reducer steps it instead (`begin`, `ready`, `advance`, `finish`) to overlap it w
 import math
 
 from minidl.backend import get_array_module
-from minidl.dist.comm import DONE
+from minidl.distributed.comm import DONE
 from minidl.errors import UserError
-from minidl.optim import padded_size
+from minidl.intmath import round_up
 
 ALGORITHMS = ("ring", "hierarchical", "torus2d")
 
@@ -106,7 +106,7 @@ class AllReduce:
         if buffer.ndim != 1 or buffer.dtype.name not in ("float32", "float64"):
             raise ValueError(f"all-reduce takes a 1-D float32 or float64 buffer, not {buffer.ndim}-D {buffer.dtype}")
         scratch = scratch or _new_scratch
-        padded = padded_size(buffer.size, self.alignment)
+        padded = round_up(buffer.size, self.alignment)
         work = buffer if padded == buffer.size else scratch("padded", padded, buffer)
         if self.inner is None:
             stages = [(self.outer, "allreduce", work, work)] if self.outer is not None else []

@@ -4,14 +4,14 @@ Every rank holds the whole model, computes gradients on its own part of the glob
 and the ranks SUM their flat gradient buffers before the identical update. The trainer's
 calls, in order:
 
-    from minidl import dist
-    comm = dist.init(backend)                  # world; GPU local_rank % count; abort on failure
-    allreduce = dist.AllReduce(comm, "torus2d", shape)   # or "ring", "hierarchical"
+    from minidl import distributed
+    comm = distributed.init(backend)                  # world; GPU local_rank % count; abort on failure
+    allreduce = distributed.AllReduce(comm, "torus2d", shape)   # or "ring", "hierarchical"
     model = ...                                # the same construction on every rank
-    dist.broadcast_state(comm, model.state_dict().values())   # rank 0's parameters and buffers
+    distributed.broadcast_state(comm, model.state_dict().values())   # rank 0's parameters and buffers
     optimizer = SGD(model.parameters(), ..., grad_scale=1 / comm.size,
                     align=math.lcm(1024, allreduce.alignment))
-    reducer = dist.GradientReducer(allreduce, optimizer.flat, bucket_mb)
+    reducer = distributed.GradientReducer(allreduce, optimizer.flat, bucket_mb)
     for each step:
         optimizer.zero_grad()
         loss = loss_fn(model(x_rank), y_rank)  # the MEAN over this rank's batch
@@ -36,11 +36,11 @@ per rank (not reduced): rank 0's are the ones saved.
 With one rank (a plain `python train.py`) no MPI is needed: the same calls work and every
 collective is a no-op. Only `comm.rank == 0` should print or write files.
 """
-from minidl.dist.allreduce import ALGORITHMS, AllReduce, parse_shape, square_grid
-from minidl.dist.comm import BACKENDS, Communicator
-from minidl.dist.launch import launched_by_mpi
-from minidl.dist.reducer import GradientReducer
-from minidl.dist.world import broadcast_state, init, install_abort_hook
+from minidl.distributed.allreduce import ALGORITHMS, AllReduce, parse_shape, square_grid
+from minidl.distributed.comm import BACKENDS, Communicator
+from minidl.distributed.launch import launched_by_mpi
+from minidl.distributed.reducer import GradientReducer
+from minidl.distributed.world import broadcast_state, init, install_abort_hook
 
 __all__ = ["ALGORITHMS", "AllReduce", "BACKENDS", "Communicator", "GradientReducer", "broadcast_state",
            "init", "install_abort_hook", "launched_by_mpi", "parse_shape", "square_grid"]

@@ -8,8 +8,8 @@ collective forever, and starts the watcher that names a rank dying without a wor
 """
 import sys
 
-from minidl.dist import watcher
-from minidl.dist.comm import Communicator
+from minidl.distributed import watcher
+from minidl.distributed.comm import Communicator
 
 
 def install_abort_hook(comm):

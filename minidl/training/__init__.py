@@ -1,0 +1,11 @@
+"""The parts the training loop (minidl.trainer) is made of, one job each:
+
+    build        the schedule, model and optimizer a configuration asks for
+    steps        the step interface: EagerStep, GraphedTrainStep (CUDA graph replay)
+    device_step  the whole step on the device, what a graph captures; graph: the capture itself
+    forward      the forward pass and loss of a batch
+    evaluator    validation over all ranks, with the BN-statistics averaging
+    state        the run's state as a checkpoint, and its restore; position: where a run is
+    outputs      config/metrics/steps/summary files, banner, progress bar
+    timer        where a step's time goes; preemption: SIGTERM/SIGINT as a stop request
+"""
