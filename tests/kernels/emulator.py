@@ -1,7 +1,8 @@
 """Run the CUDA sources in kernels/*.cu on the CPU, unchanged, from Python.
 
-`load(path, names)` compiles one .cu file with g++ against the emulation header (emu/cuda_emu.h)
-into a shared library and returns a module object with CuPy's RawModule interface:
+`load(path, names, defines=())` compiles one .cu file with g++ against the emulation header
+(emu/cuda_emu.h), `defines` set to 1 before it, into a shared library and returns a module
+object with CuPy's RawModule interface:
 `module.get_function(name)(grid, block, args, shared_mem=0)`. So minidl.kernels, which builds
 every launch (geometry, workspaces, argument lists), runs the same Python code here as on a GPU,
 with NumPy arrays in place of CuPy arrays.
@@ -64,38 +65,40 @@ def alias(name):
     return re.sub(r"\W", "_", name) + "_" + hashlib.sha1(name.encode()).hexdigest()[:6]
 
 
-def translation_unit(path, names):
+def translation_unit(path, names, defines=()):
+    macros = "".join(f"#define {d} 1\n" for d in defines)
     exports = "\n".join(f"EMU_EXPORT_KERNEL({alias(n)}, {n})" for n in names)
-    return f'#include "cuda_emu.h"\n#include "{Path(path).resolve()}"\nEMU_EXPORT_RUNTIME\n{exports}\n'
+    return f'#include "cuda_emu.h"\n{macros}#include "{Path(path).resolve()}"\nEMU_EXPORT_RUNTIME\n{exports}\n'
 
 
-def library_path(path, names):
-    """Where the library for this source, header and flag set lives (its name is their hash)."""
+def library_path(path, names, defines=()):
+    """Where the library for this source, header, macro and flag set lives (its name is their hash)."""
     digest = hashlib.sha256()
-    for part in [Path(path).read_bytes(), translation_unit(path, names).encode(), " ".join([CXX] + FLAGS).encode()]:
+    unit = translation_unit(path, names, defines)
+    for part in [Path(path).read_bytes(), unit.encode(), " ".join([CXX] + FLAGS).encode()]:
         digest.update(part)
     for header in sorted(EMU_DIR.iterdir()):
         digest.update(header.read_bytes())
     return cache_dir() / f"{Path(path).stem}-{digest.hexdigest()[:20]}.so"
 
 
-def compile_command(path, names, output):
+def compile_command(path, names, output, defines=()):
     """(command, translation unit text): g++ reads the unit from stdin."""
-    return [CXX, *FLAGS, f"-I{EMU_DIR}", "-x", "c++", "-", "-o", str(output)], translation_unit(path, names)
+    return [CXX, *FLAGS, f"-I{EMU_DIR}", "-x", "c++", "-", "-o", str(output)], translation_unit(path, names, defines)
 
 
 def build(jobs, parallel=2):
-    """Compile the libraries of several (path, names) not cached yet, `parallel` compilers at a
-    time (what a cold cache costs is mostly this). Safe when several processes race."""
-    pending = [(p, n) for p, n in jobs if not library_path(p, n).exists()]
+    """Compile the libraries of several (path, names[, defines]) not cached yet, `parallel`
+    compilers at a time (what a cold cache costs is mostly this). Safe when several processes race."""
+    pending = [job for job in map(_with_defines, jobs) if not library_path(*job).exists()]
     while pending:
         batch, pending = pending[:parallel], pending[parallel:]
         running = []
-        for path, names in batch:
-            target = library_path(path, names)
+        for path, names, defines in batch:
+            target = library_path(path, names, defines)
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_suffix(f".{os.getpid()}.tmp")
-            command, unit = compile_command(path, names, partial)
+            command, unit = compile_command(path, names, partial, defines)
             process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)
             process.stdin.write(unit)
@@ -109,11 +112,17 @@ def build(jobs, parallel=2):
             os.replace(partial, target)
 
 
+def _with_defines(job):
+    """(path, names) -> (path, names, ()); (path, names, defines) stays."""
+    return (*job, ())[:3]
+
+
 @functools.lru_cache(maxsize=None)
-def load(path, names):
-    """The emulated module of the .cu at `path` exporting the kernels `names` (a tuple)."""
-    build([(path, names)])
-    return EmulatedModule(ctypes.CDLL(str(library_path(path, names))), names)
+def load(path, names, defines=()):
+    """The emulated module of the .cu at `path` exporting the kernels `names` (a tuple), compiled
+    with the macros `defines` (a tuple of names) set to 1."""
+    build([(path, names, defines)])
+    return EmulatedModule(ctypes.CDLL(str(library_path(path, names, defines))), names)
 
 
 class EmulatedModule:
