@@ -4,17 +4,14 @@ results against NumPy products, the cp.async pipeline's deferred completion, and
 the emulation promises to report."""
 import shutil
 import time
-from pathlib import Path
 
 import numpy
 import pytest
 
 import emulator
+import ptx_selftest
 
-SELFTEST = str(Path(__file__).resolve().parent / "ptx_selftest.cu")
-LDMATRIX = tuple(f"ldmatrix_rows<{m}, {t}>" for m in (1, 2, 4) for t in ("false", "true"))
-NAMES = LDMATRIX + ("mma_fragments<true>", "mma_fragments<false>", "tile_gemm<true, 0>", "tile_gemm<false, 0>",
-                    "tile_gemm<true, 1>", "round_tf32")
+SELFTEST = str(ptx_selftest.SOURCE)
 WARP = (32,)
 rng = numpy.random.default_rng(7)
 
@@ -24,7 +21,7 @@ def selftest():
     if shutil.which(emulator.CXX) is None:
         pytest.skip(f"{emulator.CXX} not found: the CPU emulation needs a C++20 compiler")
     started = time.perf_counter()
-    module = emulator.load(SELFTEST, NAMES)
+    module = emulator.load(SELFTEST, ptx_selftest.KERNELS)
     print(f"\nptx_selftest.cu: loaded (compiled if the cache was cold) in {time.perf_counter() - started:.2f} s")
     return module
 
