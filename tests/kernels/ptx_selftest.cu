@@ -122,3 +122,8 @@ __global__ void tile_gemm(const unsigned* a, const unsigned* b, const float* c, 
 __global__ void round_tf32(const float* x, unsigned* bits, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) bits[i] = tf32_bits(x[i]);
 }
+
+// q[i] = x[i] / divisor: one integer division by a runtime value, for the SASS audit to count
+__global__ void quotients(const int* x, int divisor, int* q, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) q[i] = x[i] / divisor;
+}

@@ -42,10 +42,10 @@ def ldmatrix_expected(stored, matrices, trans):
 def run_ldmatrix(selftest, matrices, trans, misuse=0, block=WARP):
     values = rng.permutation(1 << 16)[:32 * 8].astype(numpy.uint16)  # distinct 16-bit values
     slot_of_row = rng.permutation(32).astype(numpy.int32)  # rows scattered over shared memory
-    out = numpy.zeros(32 * matrices * (block[0] // 32 + 1), numpy.uint32)
+    out = numpy.zeros(32 * matrices, numpy.uint32)
     kernel = selftest.get_function(f"ldmatrix_rows<{matrices}, {str(trans).lower()}>")
     kernel((1,), block, (values.view(numpy.uint32), slot_of_row, numpy.int32(misuse), out))
-    return values.reshape(4, 8, 8), out[:32 * matrices].reshape(32, matrices)
+    return values.reshape(4, 8, 8), out.reshape(32, matrices)
 
 
 @pytest.mark.parametrize("trans", [False, True], ids=["plain", "trans"])
@@ -83,23 +83,34 @@ def tf32_rounded(x):
     return numpy.sign(x) * numpy.floor(numpy.abs(x) / quantum + 0.5) * quantum
 
 
-def operands(dtype, k):
-    """(A words 16×k/…, Bᵀ words, A, B as float64, C) for a 16×8 product over k, as the kernels take them."""
+def operands(dtype, k_words):
+    """(A words, Bᵀ words, A, B, C) for a 16×8 product over k_words 32-bit words per row (two bf16
+    or one fp32 each): the words as the kernels take them, A and B as numbers."""
     c = rng.standard_normal((16, 8)).astype(numpy.float32)
     if dtype == "bf16":
-        (a_bits, a), (bt_bits, bt) = bf16((16, k)), bf16((8, k))
+        (a_bits, a), (bt_bits, bt) = bf16((16, 2 * k_words)), bf16((8, 2 * k_words))
         return a_bits.view(numpy.uint32), bt_bits.view(numpy.uint32), a, bt.T, c
-    a, bt = rng.standard_normal((16, k)).astype(numpy.float32), rng.standard_normal((8, k)).astype(numpy.float32)
+    a, bt = (rng.standard_normal((rows, k_words)).astype(numpy.float32) for rows in (16, 8))
     return a.view(numpy.uint32), bt.view(numpy.uint32), a, bt.T, c
 
 
-def mma_fragments(module, dtype):
-    a_words, bt_words, a, b, c = operands(dtype, 16 if dtype == "bf16" else 8)
+def product(kernel, dtype, k_words, *scalars, tf32=tf32_truncated):
+    """(D, A·B + C in float64) from kernel(A words, Bᵀ words, C, D, *scalars) on fresh operands;
+    `tf32` is what the TF32 unit gets of an fp32 operand."""
+    a_words, bt_words, a, b, c = operands(dtype, k_words)
     d = numpy.zeros((16, 8), numpy.float32)
-    module.get_function(f"mma_fragments<{str(dtype == 'bf16').lower()}>")((1,), WARP, (a_words, bt_words, c, d))
+    kernel((1,), WARP, (a_words, bt_words, c, d, *scalars))
     if dtype == "tf32":
-        a, b = tf32_truncated(a), tf32_truncated(b)
+        a, b = tf32(a), tf32(b)
     return d, a @ b + c
+
+
+def bf16_flag(dtype):  # the kernels' template argument BF16
+    return str(dtype == "bf16").lower()
+
+
+def mma_fragments(module, dtype):  # one mma: 8 words of k in both types
+    return product(module.get_function(f"mma_fragments<{bf16_flag(dtype)}>"), dtype, 8)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "tf32"])
@@ -123,14 +134,9 @@ def test_a_wrong_fragment_mapping_gives_a_wrong_product(dtype):
 K_WORDS = 44  # 6 k-tiles of 8 words through 3 stages, the last one half zero-filled
 
 
-def tile_gemm(module, dtype, late_wait=0):
-    a_words, bt_words, a, b, c = operands(dtype, K_WORDS * (2 if dtype == "bf16" else 1))
-    d = numpy.zeros((16, 8), numpy.float32)
-    kernel = module.get_function(f"tile_gemm<{str(dtype == 'bf16').lower()}, {late_wait}>")
-    kernel((1,), WARP, (a_words, bt_words, c, d, numpy.int32(K_WORDS)))
-    if dtype == "tf32":
-        a, b = tf32_rounded(a), tf32_rounded(b)
-    return d, a @ b + c
+def tile_gemm(module, dtype, late_wait=0):  # TF32 operands rounded by the kernel (cvt.rna)
+    kernel = module.get_function(f"tile_gemm<{bf16_flag(dtype)}, {late_wait}>")
+    return product(kernel, dtype, K_WORDS, numpy.int32(K_WORDS), tf32=tf32_rounded)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "tf32"])
