@@ -14,8 +14,9 @@ What a launch checks, beyond what the header checks inside the kernel:
 - out-of-bounds accesses: each array is staged between guard bytes filled with 0xFF (a NaN for
   floats, so an out-of-bounds read poisons the result) and a changed guard is a failed launch.
 
-Libraries are cached by a hash of the source, the header and the compiler flags, in
-$MINIDL_EMU_CACHE or ~/.cache/minidl/cuda-emu, so repeated test runs do not recompile.
+Libraries are cached by a hash of the source and its quoted includes, the headers and the
+compiler flags, in $MINIDL_EMU_CACHE or ~/.cache/minidl/cuda-emu, so repeated test runs do not
+recompile.
 """
 import ctypes
 import functools
@@ -71,12 +72,22 @@ def translation_unit(path, names, defines=()):
     return f'#include "cuda_emu.h"\n{macros}#include "{Path(path).resolve()}"\nEMU_EXPORT_RUNTIME\n{exports}\n'
 
 
+def quoted_includes(path):
+    """The files the source at `path` includes with quotes (kernels/ptx.cuh, say), found next to it."""
+    source = Path(path)
+    names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', source.read_text(), re.MULTILINE)
+    return [source.parent / name for name in names if (source.parent / name).is_file()]
+
+
 def library_path(path, names, defines=()):
-    """Where the library for this source, header, macro and flag set lives (its name is their hash)."""
+    """Where the library for this source (and what it includes with quotes), header, macro and
+    flag set lives (its name is their hash)."""
     digest = hashlib.sha256()
     unit = translation_unit(path, names, defines)
     for part in [Path(path).read_bytes(), unit.encode(), " ".join([CXX] + FLAGS).encode()]:
         digest.update(part)
+    for included in quoted_includes(path):
+        digest.update(included.read_bytes())
     for header in sorted(EMU_DIR.iterdir()):
         digest.update(header.read_bytes())
     return cache_dir() / f"{Path(path).stem}-{digest.hexdigest()[:20]}.so"
