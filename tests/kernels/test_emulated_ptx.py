@@ -56,7 +56,7 @@ def test_ldmatrix_hands_each_lane_the_isa_fragment(selftest, matrices, trans):
 
 
 @pytest.mark.parametrize("misuse, block, message", [
-    (1, WARP, "row address of lane 3 is not 16-byte aligned"),
+    (1, WARP, "row address of lane 3 is null or not 16-byte aligned"),
     (2, WARP, "lane 31 did not execute it with the rest of the warp"),
     (0, (48,), "fewer than 32 threads"),
 ], ids=["misaligned-row", "lane-exited", "partial-warp"])

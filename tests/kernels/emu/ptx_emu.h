@@ -30,7 +30,7 @@ struct Operands {
 inline Operands published[MAX_WARPS][32];
 inline thread_local uint64_t executed = 0;  // the same count in every lane of a warp that runs correctly
 
-enum Instruction : uint64_t { LDMATRIX = 1, LDMATRIX_TRANS = 2, MMA_BF16 = 3, MMA_TF32 = 4 };
+enum Instruction : uint64_t { LDMATRIX = 0x10, MMA_BF16 = 0x20, MMA_TF32 = 0x21 };  // ldmatrix: | x << 1 | trans
 
 // Publishes this lane's operands and copies every lane's (`lanes`); `ok` says whether the whole
 // warp executed this instruction together. The destructor holds the slots until all have copied,
@@ -72,7 +72,7 @@ struct WarpInstruction {
 // matrix transposed, i.e. column l/4 at rows 2(l%4) and 2(l%4)+1.
 template <int MATRICES, bool TRANS>
 inline void ldmatrix(unsigned (&r)[MATRICES], const void* row, const char* name) {
-    WarpInstruction warp(name, TRANS ? LDMATRIX_TRANS : LDMATRIX, row);
+    WarpInstruction warp(name, LDMATRIX | MATRICES << 1 | TRANS, row);
     for (unsigned& v : r) v = 0;
     if (!warp.ok) return;
     for (int i = 0; i < MATRICES; ++i)
@@ -83,7 +83,7 @@ inline void ldmatrix(unsigned (&r)[MATRICES], const void* row, const char* name)
             auto* start = static_cast<const unsigned char*>(warp.lanes[source].address);
             if (!start || reinterpret_cast<uintptr_t>(start) % 16 != 0)
                 return fail(std::string(name) + ": the row address of lane " + std::to_string(source) +
-                            " is not 16-byte aligned");
+                            " is null or not 16-byte aligned");
             uint16_t element;
             std::memcpy(&element, start + 2 * stored_col, 2);
             r[i] |= unsigned(element) << (16 * half);
@@ -143,7 +143,7 @@ inline float bf16_half(uint32_t word, int half) {
 struct AsyncCopy {
     unsigned char* destination;
     unsigned char data[16];  // read at issue: changing the source before the wait is undefined anyway
-    uint64_t group;          // the number the thread's next commit gives
+    uint64_t group;          // the group it joins: the thread's commits before it
 };
 inline thread_local std::vector<AsyncCopy> pending;  // issued, not landed, in issue order
 inline thread_local uint64_t committed = 0;         // groups this thread has committed in this block
