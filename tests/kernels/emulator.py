@@ -1,7 +1,8 @@
 """Run the CUDA sources in kernels/*.cu on the CPU, unchanged, from Python.
 
 `load(path, names, defines)` compiles one .cu file with g++ against the emulation header
-(emu/cuda_emu.h), with the family's constants as -D options (minidl.kernels.loader), into a shared library and returns a module object with CuPy's RawModule interface:
+(emu/cuda_emu.h), with `defines` (the family's constants, minidl.kernels.loader) as -D options,
+into a shared library and returns a module object with CuPy's RawModule interface:
 `module.get_function(name)(grid, block, args, shared_mem=0)`. So minidl.kernels, which builds
 every launch (geometry, workspaces, argument lists), runs the same Python code here as on a GPU,
 with NumPy arrays in place of CuPy arrays.
@@ -13,8 +14,9 @@ What a launch checks, beyond what the header checks inside the kernel:
 - out-of-bounds accesses: each array is staged between guard bytes filled with 0xFF (a NaN for
   floats, so an out-of-bounds read poisons the result) and a changed guard is a failed launch.
 
-Libraries are cached by a hash of the source, the header and the compiler flags, in
-$MINIDL_EMU_CACHE or ~/.cache/minidl/cuda-emu, so repeated test runs do not recompile.
+Libraries are cached by a hash of the source and its quoted includes, the headers and the
+compiler flags, in $MINIDL_EMU_CACHE or ~/.cache/minidl/cuda-emu, so repeated test runs do not
+recompile.
 """
 import ctypes
 import functools
@@ -75,12 +77,22 @@ def flags(defines):
     return [*FLAGS, *define_options(dict(defines))]
 
 
+def quoted_includes(path):
+    """The files the source at `path` includes with quotes (kernels/ptx.cuh, say), found next to it."""
+    source = Path(path)
+    names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', source.read_text(), re.MULTILINE)
+    return [source.parent / name for name in names if (source.parent / name).is_file()]
+
+
 def library_path(path, names, defines=()):
-    """Where the library for this source, its headers and flag set lives (its name is their hash)."""
+    """Where the library for this source (and what it includes with quotes), header and flag set
+    lives (its name is their hash)."""
     digest = hashlib.sha256()
     for part in [Path(path).read_bytes(), translation_unit(path, names).encode(), " ".join([CXX] + flags(defines)).encode()]:
         digest.update(part)
-    for header in sorted(EMU_DIR.iterdir()) + sorted(Path(path).parent.glob("*.cuh")):
+    for included in quoted_includes(path):
+        digest.update(included.read_bytes())
+    for header in sorted(EMU_DIR.iterdir()):
         digest.update(header.read_bytes())
     return cache_dir() / f"{Path(path).stem}-{digest.hexdigest()[:20]}.so"
 

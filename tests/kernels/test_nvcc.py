@@ -1,7 +1,8 @@
 """Every kernels/*.cu compiles with `nvcc -arch=sm_90 -cubin -Xptxas -v` (warnings are errors),
 every kernel minidl.kernels launches is in the cubin, and none spills registers to local
-memory. `pytest -s` prints registers, spills and shared memory per kernel (nvcc_check.py
-prints the same table standalone, or as JSON)."""
+memory; the emulator's selftests compile too (the emulated semantics are those of valid CUDA).
+`pytest -s` prints registers, spills and shared memory per kernel (nvcc_check.py prints the same
+table standalone, or as JSON)."""
 import pytest
 
 import nvcc_check
@@ -18,7 +19,7 @@ def compiled():
     return results
 
 
-@pytest.mark.parametrize("family", list(FAMILIES) + ["emu_selftest"])
+@pytest.mark.parametrize("family", list(FAMILIES) + ["emu_selftest", "ptx_selftest"])
 def test_compiles_without_spills(compiled, family):
     code, log, kernels = compiled[family]
     assert code == 0, f"nvcc failed on {family}:\n{log}"

@@ -1,6 +1,7 @@
 """Every kernels/*.cu compiles with NVRTC, the compiler CuPy's RawModule uses on a GPU, with
 minidl.kernels' options plus the ones CuPy adds, for sm_90: no warnings, every kernel name
 expression resolves, and ptxas (asked for its report) finds no spills with these exact options.
+So does ptx_selftest.cu: kernels/ptx.cuh is NVRTC-clean.
 NVRTC needs no GPU, only its library (libnvrtc): from the CUDA toolkit, or the
 `nvidia-cuda-nvrtc` wheel; the test skips, saying so, where neither is installed."""
 import ctypes
@@ -11,7 +12,8 @@ import sys
 
 import pytest
 
-import nvcc_check
+import ptx_selftest
+from minidl.bench._nvcc import parse_ptxas
 from minidl.kernels import FAMILIES, loader
 
 CUPY_ADDS = ("-arch=sm_90", "--device-as-default-execution-space", "-ftz=true")
@@ -81,16 +83,22 @@ def nvrtc():
     return Nvrtc(lib)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+SOURCES = {family: (loader.source_path(family), m.NAMES, m.DEFINES) for family, m in FAMILIES.items()}
+SOURCES["ptx_selftest"] = (ptx_selftest.SOURCE, ptx_selftest.KERNELS, {})
+
+
+@pytest.mark.parametrize("family", list(SOURCES))
 def test_compiles_with_nvrtc(nvrtc, family):
-    names = FAMILIES[family].NAMES
-    options = loader.compile_options(FAMILIES[family].DEFINES) + CUPY_ADDS + REPORT
-    ok, log, lowered = nvrtc.compile(loader.source_path(family).read_text(), f"{family}.cu", options, names)
-    assert ok, f"NVRTC failed on {family}.cu with {options}:\n{log}"
+    path, names, defines = SOURCES[family]
+    options = loader.compile_options(defines) + CUPY_ADDS + REPORT
+    # named by its path, the program finds its quoted includes next to it (CuPy's, by the -I of
+    # loader.compile_options)
+    ok, log, lowered = nvrtc.compile(path.read_text(), str(path), options, names)
+    assert ok, f"NVRTC failed on {path.name} with {options}:\n{log}"
     compiler_lines = [line for line in log.splitlines() if not line.startswith("ptxas")]
-    assert not any("warning" in line.lower() for line in compiler_lines), f"NVRTC warnings on {family}.cu:\n{log}"
+    assert not any("warning" in line.lower() for line in compiler_lines), f"NVRTC warnings on {path.name}:\n{log}"
     assert set(lowered) == set(names) and all(lowered.values())
-    resources = nvcc_check.parse_ptxas(log)
+    resources = parse_ptxas(log)
     assert set(resources) == set(lowered.values()), "ptxas reported other kernels than the name expressions"
     for mangled, r in resources.items():
         assert r["spill_store_bytes"] == r["spill_load_bytes"] == r["stack_bytes"] == 0, f"{mangled} spills: {r}"

@@ -14,6 +14,9 @@
 // unchanged; mma_sync computes the full product in every lane in fp32. TF32 operands keep 10
 // mantissa bits as the tensor cores do, bf16 products are exact in fp32.
 //
+// The PTX wrappers of kernels/ptx.cuh (ldmatrix, mma.sync, cp.async) are emulated in ptx_emu.h,
+// included at the end: there the registers hold exactly what the PTX ISA puts in each lane.
+//
 // The emulator checks what the hardware would reject or silently get wrong: WMMA pointer
 // alignment (32 bytes) and leading dimensions (16 bytes), cp.async sizes and alignment,
 // launch limits, dynamic shared memory over the opt-in size, barriers that never complete.
@@ -206,6 +209,8 @@ inline void reset_barriers(unsigned threads) {
     for (unsigned w = 0; w * 32 < threads; ++w) warp_barriers[w].reset(std::min(32u, threads - w * 32));
 }
 
+inline void forget_async_copies();  // ptx_emu.h
+
 inline void* run_thread(Grid* grid, unsigned tid) {
     const LaunchConfig& c = grid->config;
     threadIdx = {tid % c.block[0], tid / c.block[0] % c.block[1], tid / (c.block[0] * c.block[1])};
@@ -216,6 +221,7 @@ inline void* run_thread(Grid* grid, unsigned tid) {
             for (unsigned x = 0; x < c.grid[0]; ++x) {
                 blockIdx = {x, y, z};
                 grid->body(grid->context);
+                forget_async_copies();  // copies still pending when the thread ends never land
                 block_barrier.arrive_and_drop();
                 my_warp().arrive_and_drop();
                 grid->between_blocks.arrive_and_wait();  // everyone is done with this block
@@ -536,3 +542,5 @@ inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<ma
 }
 }  // namespace wmma
 }  // namespace nvcuda
+
+#include "ptx_emu.h"

@@ -1,0 +1,219 @@
+// CPU emulation of kernels/ptx.cuh (included at the end of cuda_emu.h): the same functions, so
+// a kernel written against the PTX wrappers runs unchanged. Unlike the WMMA emulation, the
+// registers hold exactly what the PTX ISA puts in each lane, so a kernel that gets a fragment
+// mapping wrong computes a wrong result here as on the GPU.
+//
+// ldmatrix and mma.sync are warp-wide (.sync.aligned): every lane publishes its operands (a row
+// address, or its A, B and C registers), the warp meets at its barrier, and each lane computes
+// its own result from everyone's operands. A lane that has exited, lanes at different
+// instructions, or a warp of fewer than 32 threads is an error, as the hardware leaves it undefined.
+//
+// cp.async completes late, as on the GPU: at issue the 16 destination bytes are poisoned (0xFF,
+// a NaN for floats and bf16) and the data lands only when the issuing thread's cp_async_wait
+// retires the copy's group. A kernel that reads a stage before waiting for it reads NaN.
+#pragma once
+
+#define MINIDL_PTX_EMULATED 1
+
+namespace emu {
+namespace ptx {
+
+// ---- warp-wide instructions -------------------------------------------------------------------
+constexpr int MAX_WORDS = 10;  // mma: 4 A, 2 B and 4 C registers
+
+// what one lane hands to a warp-wide instruction
+struct Operands {
+    uint64_t tag;  // instruction << 48 | how many warp-wide instructions the lane has executed
+    const void* address;
+    uint32_t words[MAX_WORDS];
+};
+inline Operands published[MAX_WARPS][32];
+inline thread_local uint64_t executed = 0;  // the same count in every lane of a warp that runs correctly
+
+enum Instruction : uint64_t { LDMATRIX = 0x10, MMA_BF16 = 0x20, MMA_TF32 = 0x21 };  // ldmatrix: | x << 1 | trans
+
+// Publishes this lane's operands and copies every lane's (`lanes`); `ok` says whether the whole
+// warp executed this instruction together. The destructor holds the slots until all have copied,
+// then withdraws the tag: a lane that exits leaves none for a later instruction (or launch) to match.
+struct WarpInstruction {
+    Operands lanes[32];
+    bool ok = false;
+
+    WarpInstruction(const char* name, uint64_t instruction, const void* address, const uint32_t* words = nullptr) {
+        Operands& mine = published[warp_id][lane_id];
+        mine.tag = instruction << 48 | ++executed;
+        mine.address = address;
+        if (words) std::memcpy(mine.words, words, sizeof(mine.words));
+        my_warp().arrive_and_wait();
+        std::memcpy(lanes, published[warp_id], sizeof(lanes));
+        if (failed) return;  // after an error barriers open early: the copy may be stale
+        int threads = int(blockDim.x * blockDim.y * blockDim.z);
+        if (threads - warp_id * 32 < 32) {
+            fail(std::string(name) + ": the warp has fewer than 32 threads; every lane must execute it");
+            return;
+        }
+        for (int lane = 0; lane < 32; ++lane)
+            if (lanes[lane].tag != mine.tag) {
+                fail(std::string(name) + ": lane " + std::to_string(lane) +
+                     " did not execute it with the rest of the warp (exited, or at another instruction)");
+                return;
+            }
+        ok = true;
+    }
+    ~WarpInstruction() {
+        my_warp().arrive_and_wait();
+        published[warp_id][lane_id].tag = 0;
+    }
+};
+
+// ---- ldmatrix ---------------------------------------------------------------------------------
+// Lane l receives, in r[i], row l/4 and 16-bit columns 2(l%4), 2(l%4)+1 of matrix i (low half:
+// the lower column), whose row j starts at the address of lane 8i + j; TRANS reads the stored
+// matrix transposed, i.e. column l/4 at rows 2(l%4) and 2(l%4)+1.
+template <int MATRICES, bool TRANS>
+inline void ldmatrix(unsigned (&r)[MATRICES], const void* row, const char* name) {
+    WarpInstruction warp(name, LDMATRIX | MATRICES << 1 | TRANS, row);
+    for (unsigned& v : r) v = 0;
+    if (!warp.ok) return;
+    for (int i = 0; i < MATRICES; ++i)
+        for (int half = 0; half < 2; ++half) {
+            int stored_row = TRANS ? 2 * (lane_id % 4) + half : lane_id / 4;
+            int stored_col = TRANS ? lane_id / 4 : 2 * (lane_id % 4) + half;
+            int source = 8 * i + stored_row;
+            auto* start = static_cast<const unsigned char*>(warp.lanes[source].address);
+            if (!start || reinterpret_cast<uintptr_t>(start) % 16 != 0)
+                return fail(std::string(name) + ": the row address of lane " + std::to_string(source) +
+                            " is null or not 16-byte aligned");
+            uint16_t element;
+            std::memcpy(&element, start + 2 * stored_col, 2);
+            r[i] |= unsigned(element) << (16 * half);
+        }
+}
+
+// ---- mma.sync m16n8k16 (bf16) and m16n8k8 (tf32) ------------------------------------------------
+// Where a lane's fragment elements sit in the matrices (g = lane/4, t = lane%4), from the PTX
+// ISA's "Matrix Fragments for mma.m16n8k16 with floating point type" and "for mma.m16n8k8".
+struct Element {
+    int row, col;
+};
+inline Element accumulator(int lane, int j) { return {lane / 4 + 8 * (j / 2), 2 * (lane % 4) + j % 2}; }
+inline Element bf16_a(int lane, int reg, int half) { return {lane / 4 + 8 * (reg % 2), 2 * (lane % 4) + half + 8 * (reg / 2)}; }
+inline Element bf16_b(int lane, int reg, int half) { return {2 * (lane % 4) + half + 8 * reg, lane / 4}; }  // (k, n)
+inline Element tf32_a(int lane, int reg) { return {lane / 4 + 8 * (reg % 2), lane % 4 + 4 * (reg / 2)}; }
+inline Element tf32_b(int lane, int reg) { return {lane % 4 + 4 * reg, lane / 4}; }  // (k, n)
+
+// the warp's whole tile, gathered from every lane's registers
+template <int K>
+struct Tile {
+    float a[16][K], b[K][8], c[16][8];
+};
+
+// Publishes a, b, c; `gather` fills the tile's A and B from the lanes' registers; C is gathered
+// here and this lane's four elements of A·B + C (fp32, the k terms added in order onto C, as the
+// WMMA emulation does) come out in d.
+template <int K, class Gather>
+inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const float (&c)[4], const char* name,
+                uint64_t instruction, Gather gather) {
+    uint32_t words[MAX_WORDS] = {a[0], a[1], a[2], a[3], b[0], b[1],
+                                 __float_as_uint(c[0]), __float_as_uint(c[1]), __float_as_uint(c[2]), __float_as_uint(c[3])};
+    WarpInstruction warp(name, instruction, nullptr, words);
+    for (float& v : d) v = 0.0f;
+    if (!warp.ok) return;
+    Tile<K> tile;
+    for (int lane = 0; lane < 32; ++lane) {
+        gather(tile, lane, warp.lanes[lane].words);
+        for (int j = 0; j < 4; ++j) {
+            Element e = accumulator(lane, j);
+            tile.c[e.row][e.col] = __uint_as_float(warp.lanes[lane].words[6 + j]);
+        }
+    }
+    for (int j = 0; j < 4; ++j) {
+        Element e = accumulator(lane_id, j);
+        float sum = tile.c[e.row][e.col];
+        for (int k = 0; k < K; ++k) sum += tile.a[e.row][k] * tile.b[k][e.col];
+        d[j] = sum;
+    }
+}
+
+inline float bf16_half(uint32_t word, int half) {
+    return nvcuda::wmma::mma_operand(__nv_bfloat16{uint16_t(word >> (16 * half))});
+}
+
+// ---- cp.async -----------------------------------------------------------------------------------
+struct AsyncCopy {
+    unsigned char* destination;
+    unsigned char data[16];  // read at issue: changing the source before the wait is undefined anyway
+    uint64_t group;          // the group it joins: the thread's commits before it
+};
+inline thread_local std::vector<AsyncCopy> pending;  // issued, not landed, in issue order
+inline thread_local uint64_t committed = 0;         // groups this thread has committed in this block
+
+}  // namespace ptx
+
+inline void forget_async_copies() {  // declared in cuda_emu.h: a block's pending copies end with it
+    ptx::pending.clear();
+    ptx::committed = 0;
+}
+}  // namespace emu
+
+inline void ldmatrix_x1(unsigned (&r)[1], const void* row) { emu::ptx::ldmatrix<1, false>(r, row, "ldmatrix_x1"); }
+inline void ldmatrix_x2(unsigned (&r)[2], const void* row) { emu::ptx::ldmatrix<2, false>(r, row, "ldmatrix_x2"); }
+inline void ldmatrix_x4(unsigned (&r)[4], const void* row) { emu::ptx::ldmatrix<4, false>(r, row, "ldmatrix_x4"); }
+inline void ldmatrix_x1_trans(unsigned (&r)[1], const void* row) { emu::ptx::ldmatrix<1, true>(r, row, "ldmatrix_x1_trans"); }
+inline void ldmatrix_x2_trans(unsigned (&r)[2], const void* row) { emu::ptx::ldmatrix<2, true>(r, row, "ldmatrix_x2_trans"); }
+inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) { emu::ptx::ldmatrix<4, true>(r, row, "ldmatrix_x4_trans"); }
+
+inline void mma_bf16_m16n8k16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const float (&c)[4]) {
+    using namespace emu::ptx;
+    mma<16>(d, a, b, c, "mma_bf16_m16n8k16", MMA_BF16, [](Tile<16>& tile, int lane, const uint32_t* words) {
+        for (int half = 0; half < 2; ++half) {
+            for (int reg = 0; reg < 4; ++reg) {
+                Element e = bf16_a(lane, reg, half);
+                tile.a[e.row][e.col] = bf16_half(words[reg], half);
+            }
+            for (int reg = 0; reg < 2; ++reg) {
+                Element e = bf16_b(lane, reg, half);
+                tile.b[e.row][e.col] = bf16_half(words[4 + reg], half);
+            }
+        }
+    });
+}
+
+inline void mma_tf32_m16n8k8(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const float (&c)[4]) {
+    using namespace emu::ptx;
+    mma<8>(d, a, b, c, "mma_tf32_m16n8k8", MMA_TF32, [](Tile<8>& tile, int lane, const uint32_t* words) {
+        for (int reg = 0; reg < 4; ++reg) {
+            Element e = tf32_a(lane, reg);
+            tile.a[e.row][e.col] = nvcuda::wmma::mma_operand(__uint_as_float(words[reg]));
+        }
+        for (int reg = 0; reg < 2; ++reg) {
+            Element e = tf32_b(lane, reg);
+            tile.b[e.row][e.col] = nvcuda::wmma::mma_operand(__uint_as_float(words[4 + reg]));
+        }
+    });
+}
+
+inline void cp_async_16(void* smem, const void* global, bool fill) {
+    bool aligned = reinterpret_cast<uintptr_t>(smem) % 16 == 0 && reinterpret_cast<uintptr_t>(global) % 16 == 0;
+    emu::check(aligned, "cp_async_16: the shared and global addresses must be 16-byte aligned");
+    if (emu::failed) return;
+    emu::ptx::AsyncCopy copy{static_cast<unsigned char*>(smem), {}, emu::ptx::committed};
+    if (fill) std::memcpy(copy.data, global, 16);
+    std::memset(smem, emu::SHARED_GARBAGE, 16);
+    emu::ptx::pending.push_back(copy);
+}
+
+inline void cp_async_commit() { ++emu::ptx::committed; }
+
+// Groups complete in order: after the wait at most N of the committed groups are pending, so the
+// copies of groups [0, committed − N) land; copies not committed yet are not waited for.
+template <int N>
+inline void cp_async_wait() {
+    auto& pending = emu::ptx::pending;
+    auto retired = [](const emu::ptx::AsyncCopy& copy) { return copy.group + N < emu::ptx::committed; };
+    for (const auto& copy : pending)
+        if (retired(copy)) std::memcpy(copy.destination, copy.data, 16);
+    pending.erase(std::remove_if(pending.begin(), pending.end(), retired), pending.end());
+}
+
+inline unsigned tf32_bits(float x) { return __float_as_uint(nvcuda::wmma::__float_to_tf32(x)); }
