@@ -24,35 +24,47 @@
 
 #ifndef MINIDL_PTX_EMULATED
 
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+// A shared-memory address (the .shared state space, 32 bits): computed once from a pointer,
+// then plain integer arithmetic, so that address math stays in 32-bit registers and no
+// generic-to-shared conversion lands in a kernel's main loop.
+using SharedAddress = unsigned;
+__device__ __forceinline__ SharedAddress shared_address(const void* pointer) {
+    return static_cast<SharedAddress>(__cvta_generic_to_shared(pointer));
 }
 
 // ldmatrix reads shared memory that earlier __syncthreads/__syncwarp calls ordered, and
 // `volatile` keeps it in program order with the other asm here; no "memory" clobber, so the
 // compiler may still keep unrelated values in registers across it.
-__device__ __forceinline__ void ldmatrix_x1(unsigned (&r)[1], const void* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(shared_address(row)));
+__device__ __forceinline__ void ldmatrix_x1(unsigned (&r)[1], SharedAddress row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(row));
 }
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* row) {
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], SharedAddress row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1]) : "r"(shared_address(row)));
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(row));
 }
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], SharedAddress row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(row));
 }
-__device__ __forceinline__ void ldmatrix_x1_trans(unsigned (&r)[1], const void* row) {
+__device__ __forceinline__ void ldmatrix_x1_trans(unsigned (&r)[1], SharedAddress row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
-                 : "=r"(r[0]) : "r"(shared_address(row)));
+                 : "=r"(r[0]) : "r"(row));
 }
-__device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], const void* row) {
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], SharedAddress row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1]) : "r"(shared_address(row)));
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(row));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) {
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], SharedAddress row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(shared_address(row)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(row));
+}
+
+// the 32-bit word at a shared address (volatile, like the other shared-memory reads here: it
+// stays after the barrier that publishes the data)
+__device__ __forceinline__ unsigned lds_32(SharedAddress address) {
+    unsigned value;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(address));
+    return value;
 }
 
 // d = a·b + c on one warp's 16×8 tile (row-major A, column-major B), fp32 accumulation
@@ -75,9 +87,9 @@ __device__ __forceinline__ void mma_tf32_m16n8k8(float (&d)[4], const unsigned (
 
 // 16 bytes global -> shared, bypassing L1; fill == false writes 16 zero bytes and reads nothing
 // (src-size 0). The data may be read only after the cp_async_wait that retires its group.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool fill) {
+__device__ __forceinline__ void cp_async_16(SharedAddress smem, const void* global, bool fill) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(shared_address(smem)), "l"(global), "r"(fill ? 16 : 0) : "memory");
+                 :: "r"(smem), "l"(global), "r"(fill ? 16 : 0) : "memory");
 }
 // closes the group of this thread's copies issued since the last commit
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -14,7 +14,6 @@ Explicit values always win. Validation raises UserError naming the problem and t
 """
 import dataclasses
 import json
-from pathlib import Path
 
 from minidl import environment
 from minidl.backend import require_gpu
@@ -27,10 +26,6 @@ from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS, BatchSchedule
 
 OPTIMIZERS = ("sgd", "lars")
 UNSET = object()  # a profile or base default that a setting does not have
-
-
-def default_cache_dir():
-    return environment.value("MINIDL_CACHE") or str(Path.home() / ".cache" / "minidl")
 
 
 def int_list(text):
@@ -235,7 +230,7 @@ SETTINGS = (
     Setting("output_dir", ("--output-dir",), "where config.json, metrics.jsonl and summary.json go", RUN,
             default="runs/latest"),
     Setting("cache_dir", ("--cache-dir",), "where the embedded dataset is generated ($MINIDL_CACHE)", RUN,
-            default_factory=default_cache_dir),
+            default_factory=environment.cache_dir),
     Setting("seed", ("--seed",), "drives initialization, data order and augmentation", RUN, int, default=0),
     Setting("print_freq", ("--print-freq",), "steps between progress-bar updates", RUN, int, default=10,
             check=positive_int),

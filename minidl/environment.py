@@ -8,6 +8,7 @@ config.json beside the flags: a run's record says what it computed with.
 """
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from minidl.errors import UserError
 
@@ -45,9 +46,12 @@ VARIABLES = {v.name: v for v in (
              None, _choice("cpu", "gpu")),
     Variable("MINIDL_KERNELS", "0 keeps CuPy arrays on the reference ops instead of the CUDA kernels", True, _switch),
     Variable("MINIDL_TF32", "0 keeps float32 convolutions in exact fp32 instead of TF32 tensor cores", True, _switch),
+    Variable("MINIDL_AUTOTUNE", "0 runs the v1 convolution kernels instead of timing every kernel per shape on "
+             "first use", True, _switch),
     Variable("MINIDL_NUM_THREADS", "CPU threads of the ops (default: the cores this process may use)", None,
              _positive_int),
-    Variable("MINIDL_CACHE", "where the embedded dataset is generated (default: ~/.cache/minidl)", None, str),
+    Variable("MINIDL_CACHE", "where the embedded dataset and the autotuner's choices are kept (default: "
+             "~/.cache/minidl)", None, str),
     Variable("MINIDL_RANKS_PER_NODE", "group consecutive ranks by this many as if they were nodes "
              "(default: the real nodes)", None, _positive_int),
     Variable("MINIDL_CUDA_AWARE_MPI", "1 or 0 overrides whether MPI takes device pointers (default: ask MPI)",
@@ -72,3 +76,8 @@ def value(name):
 def record():
     """{name: effective value} of every variable, for config.json."""
     return {name: value(name) for name in VARIABLES}
+
+
+def cache_dir():
+    """MINIDL_CACHE, else ~/.cache/minidl."""
+    return value("MINIDL_CACHE") or str(Path.home() / ".cache" / "minidl")

@@ -27,13 +27,14 @@ import math
 import os
 import socket
 import time
-from minidl import amp, distributed, environment
+from minidl import amp, distributed, environment, kernels
 from minidl.backend import on_gpu, synchronize
 from minidl.checkpoint import CheckpointDir
 from minidl.errors import UserError
 from minidl.training.build import build_model, build_optimizer, build_schedule
 from minidl.training.data import RunData
 from minidl.training.evaluator import Evaluator
+from minidl.training.memory import naming_the_batch
 from minidl.training.outputs import RunOutputs
 from minidl.training.position import EpochTotals, Position
 from minidl.training.preemption import StopRequest
@@ -140,7 +141,8 @@ class Trainer:
                 images, labels = next(batches)
                 self.timer.mark("data")
                 if len(labels):  # else every image of the batch was undecodable
-                    step.micro_batch(images, labels, last=k == plan.accum_steps - 1)
+                    with naming_the_batch(plan.micro_batch):
+                        step.micro_batch(images, labels, last=k == plan.accum_steps - 1)
             logged = (position.step + 1) % config.print_freq == 0 or position.step + 1 == steps
             nonfinite, stopping = self.any_rank(step.end(check=logged), stop.requested is not None)
             self.totals.skipped = skipped_before + loader.skipped
@@ -188,7 +190,8 @@ class Trainer:
         metrics = {"epoch": self.position.epoch + 1, "train_loss": loss_sum / max(images, 1), "lr": self.optimizer.lr,
                    "global_batch": self.plan(self.position.epoch).global_batch, "images_per_sec": images / seconds,
                    "train_skipped": int(skipped)}
-        metrics.update(self.evaluate())
+        with naming_the_batch(self.plan(self.position.epoch).micro_batch):
+            metrics.update(self.evaluate())
         self.position.next_epoch()
         totals.reset()
         return metrics
@@ -228,6 +231,7 @@ def run(config):
                 metrics = trainer.finish_epoch(time.perf_counter() - epoch_start)
                 metrics["seconds"] = time.perf_counter() - epoch_start
                 outputs.epoch(metrics, config.epochs)
+                outputs.tuning(kernels.tuning_report())
                 path = trainer.save_checkpoint()
                 stopped, = trainer.any_rank(stop.requested is not None)
             else:  # asked to stop inside the epoch

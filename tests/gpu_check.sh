@@ -14,18 +14,24 @@
 # Parts, each with its own time limit, log (OUTDIR/<part>.log) and result file; a part that
 # fails or runs out of time is recorded as such and the next one still runs:
 #   env            10 s   versions, device                              env.json
-#   nvcc           40 s   sm_90 compile, registers/spills per kernel    nvcc.json
-#   gpu_tests     195 s   the bf16 and CUDA-graph cases first, then     gpu_tests.json
+#   nvcc           30 s   sm_90 compile, registers/spills per kernel    nvcc.json
+#   autotune       90 s   every plan (v1, each v2 tile and split) of    autotune.json
+#                         every ResNet-50 convolution at batch 256 and
+#                         32, bf16: v1 vs v2 per shape and the choice
+#   gpu_tests     130 s   the bf16 and CUDA-graph cases first, then     gpu_tests.json
 #                         every kernel on every ResNet-50 shape; stops
-#                         starting new cases at 160 s
-#   bench_kernels  90 s   python -m minidl.bench kernels (incremental)  bench_kernels.json
-#   bench_step    125 s   issue 8's target: ResNet-50, batch 256,       bench_step.json
-#                         224x224, --amp --cuda-graph, against PyTorch
-#                         eager (cuDNN, bf16 autocast, channels_last)
-#   report         15 s   everything above in one file                  report.json
-# Worst case (every part at its limit) 475 s; expected about 4-5 minutes on an H200 (kernel
-# compilation by NVRTC, then the tests; the CPU side of the training step is the longest case).
-# Exit status 0 when every part passed.
+#                         starting new cases at 105 s
+#   bench_kernels  60 s   python -m minidl.bench kernels (incremental)  bench_kernels.json
+#   bench_step    100 s   ResNet-50, batch 256, 224x224, --amp          bench_step.json
+#                         --cuda-graph, against PyTorch eager (cuDNN,
+#                         bf16 autocast, channels_last)
+#   two_ranks      45 s   2 ranks on the one GPU through the MPI        two_ranks.json
+#                         backend (CuPy buffers staged through host
+#                         memory; NCCL refuses two ranks on a device)
+#   report         10 s   everything above in one file                  report.json
+# Worst case (every part at its limit) 475 s. The autotuner's cache (MINIDL_CACHE, a temporary
+# folder shared by the parts) makes the later parts start tuned. Exit status 0 when every part
+# passed.
 set -u
 OUT=${1:?usage: bash tests/gpu_check.sh OUTDIR [EARLIER_GPU_TESTS_JSON]}
 EARLIER=${2:+$(cd "$(dirname "$2")" && pwd)/$(basename "$2")}
@@ -35,7 +41,8 @@ cd "$ROOT"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$(mktemp -d)}  # NVRTC output shared by the parts, not left in OUTDIR
-export CUPY_CACHE_DIR
+MINIDL_CACHE=${MINIDL_CACHE:-$(mktemp -d)}      # the autotuner's choices and the embedded dataset
+export CUPY_CACHE_DIR MINIDL_CACHE
 : > "$OUT/parts.jsonl"
 
 part() {  # part NAME LIMIT command...: one line of OUTDIR/parts.jsonl, the output in OUTDIR/NAME.log
@@ -81,16 +88,18 @@ json.dump(info, open(sys.argv[1], "w"), indent=1)
 print(info)
 EOF
 
-part nvcc 40 "$PY" tests/kernels/nvcc_check.py --json "$OUT/nvcc.json"
-part gpu_tests 195 "$PY" tests/kernels/gpu_cases.py --json "$OUT/gpu_tests.json" --seconds 160 \
+part nvcc 30 "$PY" tests/kernels/nvcc_check.py --json "$OUT/nvcc.json"
+part autotune 90 "$PY" -m minidl.bench autotune --batch-sizes 256,32 --modes bf16 --json "$OUT/autotune.json"
+part gpu_tests 130 "$PY" tests/kernels/gpu_cases.py --json "$OUT/gpu_tests.json" --seconds 105 \
     ${EARLIER:+--skip-passed "$EARLIER"}
-part bench_kernels 90 "$PY" -m minidl.bench kernels --json "$OUT/bench_kernels.json"
-part bench_step 125 "$PY" -m minidl.bench step --device gpu --amp --cuda-graph --vs-torch --model resnet50 \
+part bench_kernels 60 "$PY" -m minidl.bench kernels --json "$OUT/bench_kernels.json"
+part bench_step 100 "$PY" -m minidl.bench step --device gpu --amp --cuda-graph --vs-torch --model resnet50 \
     --batch-size 256 --image-size 224 --warmup 3 --iters 10 --json
 # the step benchmark prints its JSON line last
 tail -n 1 "$OUT/bench_step.log" > "$OUT/bench_step.json"
+part two_ranks 45 bash tests/gpu_two_ranks.sh "$OUT/two_ranks.json"
 
-part report 15 "$PY" - "$OUT" <<'EOF'
+part report 10 "$PY" - "$OUT" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
 def load(name):
@@ -106,15 +115,20 @@ for p in parts:
         with open(os.path.join(out, p["part"] + ".log"), errors="replace") as f:
             p["log_tail"] = f.read()[-3000:]
 report = {"parts": parts, "passed": all(p["rc"] == 0 for p in parts),
-          "env": load("env.json"), "nvcc": load("nvcc.json"), "gpu_tests": load("gpu_tests.json"),
-          "bench_kernels": load("bench_kernels.json"), "bench_step": load("bench_step.json")}
+          "env": load("env.json"), "nvcc": load("nvcc.json"), "autotune": load("autotune.json"),
+          "gpu_tests": load("gpu_tests.json"), "bench_kernels": load("bench_kernels.json"),
+          "bench_step": load("bench_step.json"), "two_ranks": load("two_ranks.json")}
 with open(os.path.join(out, "report.json"), "w") as f:
     json.dump(report, f, indent=1)
 tests = report["gpu_tests"].get("counts", report["gpu_tests"])
 print("parts:", {p["part"]: p["rc"] for p in parts}, "| gpu tests:", tests)
 print("kernel bench summary:", report["bench_kernels"].get("summary", report["bench_kernels"]))
+tuned = report["autotune"]
+print("autotune:", {k: tuned.get(k) for k in ("tuned", "seconds")},
+      "v2 chosen:", sum(r["choice"].startswith("v2") for r in tuned.get("rows", [])), "of", len(tuned.get("rows", [])))
+print("two ranks on one GPU:", report["two_ranks"])
 step = report["bench_step"]
-print("step bench (issue 8 target >= 1.0):", {k: step.get(k) for k in ("minidl_img_per_s", "torch_img_per_s", "ratio",
+print("step bench (target >= 1.0 PyTorch eager):", {k: step.get(k) for k in ("minidl_img_per_s", "torch_img_per_s", "ratio",
                                                                       "minidl_peak_mb", "torch_peak_mb")})
 EOF
 "$PY" -c "import json,sys; sys.exit(0 if json.load(open('$OUT/report.json'))['passed'] else 1)" 2>/dev/null

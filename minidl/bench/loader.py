@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image
 
 import minidl
-from minidl.config import default_cache_dir
+from minidl.environment import cache_dir
 from minidl.data import DataLoader, build_transform, open_dataset
 from minidl.errors import UserError
 from minidl.fileio import write_json_atomic
@@ -53,7 +53,7 @@ def parse_args(argv):
                    "made automatically for the generated tree")
     p.add_argument("--generate", type=int, default=2000, metavar="N",
                    help="training JPEGs to generate when no --data-path is given")
-    p.add_argument("--cache-dir", type=Path, default=Path(default_cache_dir()))
+    p.add_argument("--cache-dir", type=Path, default=Path(cache_dir()))
     p.add_argument("--workers", default=",".join(str(w) for w in range(1, cores + 1)),
                    help="comma-separated worker counts")
     p.add_argument("--images", type=int, default=2000, help="images timed per run (at most an epoch)")

@@ -19,19 +19,19 @@ import functools
 
 from minidl import environment
 from minidl.backend import on_gpu
-from minidl.kernels import amp, batchnorm, conv, loader, pool, sgd, softmax_xent
+from minidl.kernels import amp, autotune, batchnorm, conv, conv_v2, loader, pool, sgd, softmax_xent
 from minidl.kernels.launch import KERNEL_DTYPES
 
-FAMILIES = {family.FAMILY: family for family in (conv, batchnorm, pool, softmax_xent, sgd, amp)}
+FAMILIES = {family.FAMILY: family for family in (conv, conv_v2, batchnorm, pool, softmax_xent, sgd, amp)}
 
 
 class Kernels(conv.ConvKernels, batchnorm.BatchNormKernels, pool.PoolKernels, softmax_xent.SoftmaxXentKernels,
               sgd.SgdKernels, amp.AmpKernels):
     """Every kernel operation, launched through `load(family).get_function(name)`."""
 
-    def __init__(self, load, multiprocessors, allow_tf32=True):
+    def __init__(self, load, multiprocessors, allow_tf32=True, tuner=None):
         super().__init__(load, multiprocessors)
-        self.allow_tf32 = allow_tf32
+        self.allow_tf32, self.tuner = allow_tf32, tuner
 
 
 def load_family(family):
@@ -42,10 +42,17 @@ def load_family(family):
 
 @functools.lru_cache(maxsize=None)
 def device():
-    """The Kernels of the current GPU."""
+    """The Kernels of the current GPU, with the autotuner unless MINIDL_AUTOTUNE=0."""
     import cupy
-    multiprocessors = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    return Kernels(load_family, multiprocessors, allow_tf32=environment.value("MINIDL_TF32"))
+    gpu = cupy.cuda.Device()
+    tuner = None
+    if environment.value("MINIDL_AUTOTUNE"):
+        name = cupy.cuda.runtime.getDeviceProperties(gpu.id)["name"]
+        path = autotune.cache_path(environment.cache_dir(), name.decode() if isinstance(name, bytes) else name,
+                                   cupy.cuda.runtime.runtimeGetVersion())
+        tuner = autotune.Autotuner(autotune.cuda_timer(cupy), path)
+    return Kernels(load_family, gpu.attributes["MultiProcessorCount"], allow_tf32=environment.value("MINIDL_TF32"),
+                   tuner=tuner)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,3 +101,9 @@ def use(kernels, array_type):
         yield kernels
     finally:
         _override = previous
+
+
+def tuning_report():
+    """The autotuner's report (minidl.kernels.autotune) of the kernels in use, or None without one."""
+    tuner = getattr(active(), "tuner", None)
+    return None if tuner is None else tuner.report()

@@ -8,7 +8,7 @@ import numpy
 
 from minidl.backend import BF16, get_array_module
 from minidl.intmath import ceil_div
-from minidl.kernels.launch import NULL, Launcher, i32, pointer
+from minidl.kernels.launch import NULL, Launcher, cxx_type, i32, pointer
 
 FAMILY = "batchnorm"
 CHANNELS = 32  # channels per block: a warp reads one contiguous run of a row
@@ -17,9 +17,8 @@ FINALIZE_LANES = 32  # slab lanes of a finalize block
 MIN_ROWS_PER_SLAB = 64  # below this a slab's fixed cost dominates
 DEFINES = {"BN_CHANNELS": CHANNELS, "BN_ROW_LANES": ROW_LANES, "FINALIZE_LANES": FINALIZE_LANES}
 BLOCK, FINALIZE_BLOCK = (CHANNELS, ROW_LANES), (CHANNELS, FINALIZE_LANES)
-STORAGE = {numpy.dtype(numpy.float32): "float", numpy.dtype(BF16): "__nv_bfloat16"}
-NAMES = tuple(f"{k}<{t}>" for k in ("bn_stats", "bn_apply", "bn_backward_reduce", "bn_backward_apply")
-              for t in STORAGE.values()) + ("bn_finalize", "bn_backward_finalize")
+NAMES = tuple(f"{k}<{cxx_type(t)}>" for k in ("bn_stats", "bn_apply", "bn_backward_reduce", "bn_backward_apply")
+              for t in (numpy.float32, BF16)) + ("bn_finalize", "bn_backward_finalize")
 
 
 class BatchNormKernels(Launcher):
@@ -39,7 +38,7 @@ class BatchNormKernels(Launcher):
         xp = get_array_module(x)
         channels = x.shape[-1]
         rows = x.size // channels
-        t = STORAGE[x.dtype]
+        t = cxx_type(x.dtype)
         grid, per_slab = self._bn_grid(rows, channels)
         mean, inv_std, scale, shift = (xp.empty(channels, dtype=numpy.float32) for _ in range(4))
         if training:
@@ -63,7 +62,7 @@ class BatchNormKernels(Launcher):
         mean, inv_std, scale = saved
         channels = x.shape[-1]
         rows = x.size // channels
-        t = STORAGE[x.dtype]
+        t = cxx_type(x.dtype)
         grid, per_slab = self._bn_grid(rows, channels)
         partial = xp.empty((grid[1], 2, channels), dtype=numpy.float32)
         self.launch(FAMILY, f"bn_backward_reduce<{t}>", grid, BLOCK,

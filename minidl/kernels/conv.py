@@ -15,7 +15,9 @@ import numpy
 
 from minidl.backend import BF16, get_array_module
 from minidl.intmath import ceil_div
-from minidl.kernels.launch import Launcher, data_address, i32
+from minidl.kernels import conv_v2
+from minidl.kernels.autotune import Plan
+from minidl.kernels.launch import Launcher, cxx_type, data_address, i32
 
 FAMILY = "conv"
 THREADS = 256  # every tile's block
@@ -42,9 +44,8 @@ class ConvTile:
     @property
     def template(self):
         """The C++ type of this configuration."""
-        element = "__nv_bfloat16" if self.dtype == BF16 else "float"
-        return (f"TileConfig<{element}, {str(self.tensor_cores).lower()}, {self.bm}, {self.bn}, {self.bk}, "
-                f"{self.stages}, {self.smem_bytes}>")
+        return (f"TileConfig<{cxx_type(self.dtype)}, {str(self.tensor_cores).lower()}, {self.bm}, {self.bn}, "
+                f"{self.bk}, {self.stages}, {self.smem_bytes}>")
 
     def kernel(self, conv_pass):
         return f"{conv_pass}<{self.template}>"
@@ -69,7 +70,11 @@ def conv_geometry(x_shape, w_shape, stride, padding):
 
 
 class ConvKernels(Launcher):
+    """The three convolution passes. Each call runs a `Plan` (kernel version, tile, split):
+    given, or chosen among `plans(...)` by the autotuner (`tuner`), or without one the first,
+    the v1 kernel that has run on GPUs before."""
     allow_tf32 = True
+    tuner = None  # a minidl.kernels.autotune.Autotuner, or None
 
     def conv_tile(self, dtype, in_channels, out_channels, arrays=()):
         """The conv.cu tile for this data type and these channel counts; the tensor-core tiles
@@ -85,52 +90,83 @@ class ConvKernels(Launcher):
         fits = in_channels % 4 == 0 and out_channels % 4 == 0 and aligned
         return TILES["Tf32Tile" if self.allow_tf32 and fits else "SimtTile"]
 
-    def _conv(self, conv_pass, tile, grid, args, geometry):
-        self.launch(FAMILY, tile.kernel(conv_pass), grid, (THREADS,), (*args, *i32(*geometry)),
-                    shared_mem=tile.smem_bytes)
-
-    def conv_forward(self, x, w, stride, padding):
+    def conv_forward(self, x, w, stride, padding, plan=None):
         """y[n,p,q,k] = Σ_{r,s,c} x_pad[n, p·stride + r, q·stride + s, c] · w[k, r, s, c]."""
         _same_dtype(x, w)
         geometry = conv_geometry(x.shape, w.shape, stride, padding)
-        n, _, _, c, k, _, _, p, q = geometry[:9]
-        tile = self.conv_tile(x.dtype, c, k, (x, w))
+        n, _, _, _, k, _, _, p, q = geometry[:9]
         y = get_array_module(x).empty((n, p, q, k), dtype=x.dtype)
-        self._conv("conv_fwd", tile, (ceil_div(n * p * q, tile.bm), ceil_div(k, tile.bn), 1), (x, w, y), geometry)
-        return y
+        return self._run("conv_fwd", geometry, (x, w), y, plan)
 
-    def conv_grad_input(self, gy, w, x_shape, stride, padding):
+    def conv_grad_input(self, gy, w, x_shape, stride, padding, plan=None):
         """dL/dx, one launch over stride² phases of the input pixels."""
         _same_dtype(gy, w)
         geometry = conv_geometry(x_shape, w.shape, stride, padding)
-        n, h, width, c, k = geometry[:5]
-        tile = self.conv_tile(gy.dtype, c, k, (gy, w))
-        gx = get_array_module(gy).empty(x_shape, dtype=gy.dtype)
-        largest_phase = n * ceil_div(h, stride) * ceil_div(width, stride)
-        grid = (ceil_div(largest_phase, tile.bm), ceil_div(c, tile.bn), stride * stride)
-        self._conv("conv_dgrad", tile, grid, (gy, w, gx), geometry)
-        return gx
+        return self._run("conv_dgrad", geometry, (gy, w), get_array_module(gy).empty(x_shape, dtype=gy.dtype), plan)
 
-    def conv_grad_weight(self, x, gy, w_shape, stride, padding):
+    def conv_grad_weight(self, x, gy, w_shape, stride, padding, plan=None):
         """dL/dw in float32 (also for bf16 data), the pixel reduction split across blocks."""
-        xp = get_array_module(x)
         geometry = conv_geometry(x.shape, w_shape, stride, padding)
+        return self._run("conv_wgrad", geometry, (x, gy), get_array_module(x).empty(w_shape, dtype=numpy.float32),
+                         plan)
+
+    def _run(self, conv_pass, geometry, operands, out, plan):
+        if plan is None:
+            plans = self.plans(conv_pass, operands, geometry)
+            key = f"{conv_pass} {operands[0].dtype.name} {'x'.join(map(str, geometry))}"
+            plan = plans[0] if self.tuner is None else self.tuner.choose(
+                key, plans, lambda candidate: self._run(conv_pass, geometry, operands, out, candidate))
+        if plan.version == "v2":
+            return conv_v2.launch(self, conv_pass, conv_v2.TILES[plan.tile], plan.splits, geometry, *operands, out)
+        return self._run_v1(conv_pass, TILES[plan.tile], plan.splits, geometry, operands, out)
+
+    def plans(self, conv_pass, operands, geometry):
+        """Every plan that computes this pass here, the v1 kernel's first: v2 tiles need 16-byte
+        aligned operands and TF32 allowed for float32; each may split its reduction where the
+        grid alone would leave multiprocessors idle (grad-weight: around the v1 split)."""
+        dtype, c, k = operands[0].dtype, geometry[3], geometry[4]
+        v1 = self.conv_tile(dtype, c, k, operands)
+        first = Plan("v1", v1.name, self._v1_splits(conv_pass, v1, geometry))
+        if not (v1.tensor_cores and all(data_address(a) % 16 == 0 for a in operands)):
+            return [first]
+        found = [first]
+        for tile in conv_v2.TILES.values():
+            if tile.fits(conv_pass, dtype, geometry):
+                found += [Plan("v2", tile.name, splits) for splits in self._v2_splits(conv_pass, tile, geometry)]
+        return found
+
+    def _v2_splits(self, conv_pass, tile, geometry):
+        grid = tile.grid(conv_pass, geometry, 1)
+        blocks, k_tiles = grid[0] * grid[1] * grid[2], tile.k_tiles(conv_pass, geometry)
+        wanted = self.wgrad_splits(blocks, k_tiles) if conv_pass == "conv_wgrad" else \
+            max(1, min(ceil_div(self.multiprocessors, blocks), k_tiles // MIN_TILES_PER_SPLIT, conv_v2.MAX_SPLITS))
+        return sorted({1, wanted, max(1, wanted // 2)} if wanted > 1 else {1})
+
+    def _v1_splits(self, conv_pass, tile, geometry):
+        if conv_pass != "conv_wgrad":
+            return 1
         n, _, _, c, k, r, s, p, q = geometry[:9]
-        tile = self.conv_tile(x.dtype, c, k, (x, gy))
-        columns = r * s * c
-        tiles = (ceil_div(k, tile.bm), ceil_div(columns, tile.bn))
-        splits = self.wgrad_splits(tiles[0] * tiles[1], ceil_div(n * p * q, tile.bk))
-        gw = xp.empty(w_shape, dtype=numpy.float32)
-        out = gw if splits == 1 else xp.empty((splits, k, columns), dtype=numpy.float32)
-        self._conv("conv_wgrad", tile, (*tiles, splits), (x, gy, out), geometry)
+        return self.wgrad_splits(ceil_div(k, tile.bm) * ceil_div(r * s * c, tile.bn), ceil_div(n * p * q, tile.bk))
+
+    def _run_v1(self, conv_pass, tile, splits, geometry, operands, out):
+        n, h, w, c, k, r, s, p, q, stride = geometry[:10]
+        if conv_pass == "conv_fwd":
+            grid = (ceil_div(n * p * q, tile.bm), ceil_div(k, tile.bn), 1)
+        elif conv_pass == "conv_dgrad":
+            grid = (ceil_div(n * ceil_div(h, stride) * ceil_div(w, stride), tile.bm), ceil_div(c, tile.bn), stride * stride)
+        else:
+            grid = (ceil_div(k, tile.bm), ceil_div(r * s * c, tile.bn), splits)
+        target = out if splits == 1 else get_array_module(out).empty((splits, k, r * s * c), dtype=numpy.float32)
+        self.launch(FAMILY, tile.kernel(conv_pass), grid, (THREADS,), (*operands, target, *i32(*geometry)),
+                    shared_mem=tile.smem_bytes)
         if splits > 1:
-            self.launch(FAMILY, "splitk_reduce", self.elementwise_grid(gw.size, SPLITK_THREADS), (SPLITK_THREADS,),
-                        (out, gw, *i32(gw.size, splits)))
-        return gw
+            self.launch(FAMILY, "splitk_reduce", self.elementwise_grid(out.size, SPLITK_THREADS), (SPLITK_THREADS,),
+                        (target, out, *i32(out.size, splits)))
+        return out
 
     def wgrad_splits(self, output_tiles, k_tiles):
-        """How many ranges the pixel reduction is split into: enough blocks for about two per SM,
-        each range at least MIN_TILES_PER_SPLIT k-tiles, none of them empty."""
+        """How many ranges a reduction is split into: enough blocks for about two per SM, each
+        range at least MIN_TILES_PER_SPLIT k-tiles, none of them empty."""
         splits = max(1, min(ceil_div(2 * self.multiprocessors, output_tiles), k_tiles // MIN_TILES_PER_SPLIT, 65535))
         return ceil_div(k_tiles, ceil_div(k_tiles, splits))
 

@@ -18,6 +18,11 @@ KERNEL_DTYPES = (numpy.float32, BF16)  # what the kernels take: float32 data, or
 DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
 
 
+def cxx_type(dtype):
+    """The C++ element type the kernels take for a data type: float, or __nv_bfloat16 for BF16 bits."""
+    return "__nv_bfloat16" if numpy.dtype(dtype) == BF16 else "float"
+
+
 def data_address(array):
     return array.data.ptr if hasattr(array.data, "ptr") else array.ctypes.data
 

@@ -5,6 +5,7 @@ every method does nothing (the progress bar is disabled).
     ranks.json      rank -> host and PID (a launcher reports a dead process by its PID)
     metrics.jsonl   one object per epoch
     steps.jsonl     every --print-freq steps: loss, rate, img/s, the step's time split
+    autotune.json   on a GPU: the convolution kernel plans the autotuner chose (minidl.kernels)
     summary.json    the final epoch, model, epochs, world size, global batch, wall time
 
 A resumed run keeps the log lines up to its resume point and rewrites what came after.
@@ -39,6 +40,7 @@ class RunOutputs:
         self.dir, self.is_root = Path(output_dir), is_root
         self.metrics_path, self.steps_path = self.dir / "metrics.jsonl", self.dir / "steps.jsonl"
         self.summary_path = self.dir / "summary.json"
+        self._tuning_told = False
 
     def notice(self, message):
         if self.is_root:
@@ -84,6 +86,17 @@ class RunOutputs:
         if self.is_root:
             append_json_line(self.metrics_path, metrics)
             print(summary_line(metrics, epochs), flush=True)
+
+    def tuning(self, report):
+        """autotune.json (the convolution plans chosen so far, and the timings behind new ones), and
+        once, the first time shapes were tuned, a line saying how many and how long it took."""
+        if not self.is_root or report is None:
+            return
+        write_json_atomic(self.dir / "autotune.json", report)
+        if report["tuned"] and not self._tuning_told:
+            self._tuning_told = True
+            print(f"minidl: autotuned {report['tuned']} convolution shapes in {report['seconds']:.1f} s "
+                  f"(cache {report['cache'] or 'none'}); the choices are in {self.dir / 'autotune.json'}", flush=True)
 
     def summary(self, summary):
         if self.is_root:

@@ -119,7 +119,7 @@ def cases():
             if mode == "bf16" and shape[3] % 8:
                 continue  # the 3-channel stem has no bf16 tile: it stays fp32
             found.append((f"conv {name} {mode}", oracle.check_conv, (mode, *shape),
-                          {"tile": conv_tile(mode, shape[3])}))
+                          {"tile": conv_tile(mode, shape[3]), "every_plan": mode != "fp32"}))
     for name, shape in resnet50_batch_norms(BATCH).items():
         for mode in ("fp32", "bf16"):
             for fused in (None, "relu", "add_relu"):

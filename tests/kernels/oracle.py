@@ -81,28 +81,40 @@ class Inputs:
 
 # ---- convolution ------------------------------------------------------------------------------
 
-def check_conv(gpu, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, tile=None):
-    """Forward, grad-input and grad-weight of one convolution; `tile` asserts which conv.cu tile ran."""
+def check_conv(gpu, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, tile=None, every_plan=False):
+    """Forward, grad-input and grad-weight of one convolution; `tile` asserts which conv.cu tile
+    runs without a tuner; `every_plan` checks every kernel plan of each pass (v1, each v2 tile
+    and split that fits), not only the one the autotuner (or its absence) picks."""
     data = Inputs(xp, mode, seed)
     x, wt = data.normal((n, h, w, c)), data.normal((k, r, r, c), scale=(r * r * c) ** -0.5)
     previous, gpu.allow_tf32 = gpu.allow_tf32, mode == "tf32"
     try:
         if tile is not None:
             assert gpu.conv_tile(x.dtype, c, k).name == tile
-        y = gpu.conv_forward(data.kernel(x), data.kernel(wt), stride, padding)
         x64, w64 = data.reference(x), data.reference(wt)
         expected_y = conv_ref.correlate(x64, w64, stride, padding)
-        assert_close(data.result(y), expected_y, TOLERANCE[mode], f"conv forward {mode}")
         gy = data.normal(expected_y.shape)
         gy64 = data.reference(gy)
-        gx = gpu.conv_grad_input(data.kernel(gy), data.kernel(wt), x.shape, stride, padding)
-        assert_close(data.result(gx), conv_ref.grad_input(gy64, w64, x.shape, stride, padding), TOLERANCE[mode],
-                     f"conv grad-input {mode}")
-        gw = gpu.conv_grad_weight(data.kernel(x), data.kernel(gy), wt.shape, stride, padding)
-        assert gw.dtype == numpy.float32
-        # fp32 accumulation: the bf16 tolerance is set by the output rounding, which wgrad does not have
-        assert_close(gw, conv_ref.grad_weight(x64, gy64, w64, stride, padding), TOLERANCE[mode],
-                     f"conv grad-weight {mode}")
+        geometry = (n, h, w, c, k, r, r, *expected_y.shape[1:3], stride, padding)
+        passes = {  # operands, run(plan), expected
+            "conv_fwd": ((x, wt), lambda a, b, plan: gpu.conv_forward(a, b, stride, padding, plan=plan), expected_y),
+            "conv_dgrad": ((gy, wt), lambda a, b, plan: gpu.conv_grad_input(a, b, x.shape, stride, padding, plan=plan),
+                           conv_ref.grad_input(gy64, w64, x.shape, stride, padding)),
+            "conv_wgrad": ((x, gy), lambda a, b, plan: gpu.conv_grad_weight(a, b, wt.shape, stride, padding, plan=plan),
+                           conv_ref.grad_weight(x64, gy64, w64, stride, padding))}
+        checked = []
+        for conv_pass, (operands, run, expected) in passes.items():
+            operands = [data.kernel(a) for a in operands]
+            plans = gpu.plans(conv_pass, operands, geometry) if every_plan else [None]
+            for plan in plans:
+                out = run(*operands, plan)
+                if conv_pass == "conv_wgrad":
+                    assert out.dtype == numpy.float32
+                # fp32 accumulation: the bf16 tolerance is set by the output rounding, which wgrad does not have
+                assert_close(data.result(out), expected, TOLERANCE[mode],
+                             f"{conv_pass} {mode} {plan.label() if plan else 'as chosen'}")
+                checked.append(plan.label() if plan else "as chosen")
+        return {"plans": checked}
     finally:
         gpu.allow_tf32 = previous
 

@@ -9,7 +9,7 @@
 
 // ---- ldmatrix ---------------------------------------------------------------------------------
 template <int MATRICES, bool TRANS>
-__device__ void load_matrices(unsigned (&r)[MATRICES], const void* row) {
+__device__ void load_matrices(unsigned (&r)[MATRICES], SharedAddress row) {
     if constexpr (MATRICES == 1) {
         if constexpr (TRANS) ldmatrix_x1_trans(r, row); else ldmatrix_x1(r, row);
     } else if constexpr (MATRICES == 2) {
@@ -31,7 +31,7 @@ __global__ void ldmatrix_rows(const unsigned* rows, const int* slot_of_row, int 
     int lane = threadIdx.x % 32;
     for (int w = 0; w < 4; ++w) smem[slot_of_row[lane]][w] = rows[4 * lane + w];
     __syncwarp();
-    const char* row = reinterpret_cast<const char*>(smem[slot_of_row[lane]]);
+    SharedAddress row = shared_address(smem[slot_of_row[lane]]);
     if (lane >= 8 * MATRICES) row += 1;
     if (misuse == MISALIGNED_ROW && lane == 3) row += 4;
     if (misuse == LANE_EXITS && lane == 31) return;
@@ -73,8 +73,8 @@ constexpr int STAGES = 3;
 // Where 16-byte chunk `chunk` (0 or 1) of row `row` of a k-tile (rows of 32 bytes) sits: the
 // chunk index XOR bit 2 of the row, so that the 8 rows one ldmatrix reads (16 bytes each) fall
 // in distinct banks.
-__device__ __forceinline__ unsigned* swizzled(unsigned* tile, int row, int chunk) {
-    return tile + row * 8 + 4 * (chunk ^ ((row >> 2) & 1));
+__device__ __forceinline__ SharedAddress swizzled(unsigned* tile, int row, int chunk) {
+    return shared_address(tile + row * 8 + 4 * (chunk ^ ((row >> 2) & 1)));
 }
 
 // D = A·B + C over k_words words per row (a multiple of 4; the last k-tile is zero-filled),

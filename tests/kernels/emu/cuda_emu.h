@@ -209,7 +209,8 @@ inline void reset_barriers(unsigned threads) {
     for (unsigned w = 0; w * 32 < threads; ++w) warp_barriers[w].reset(std::min(32u, threads - w * 32));
 }
 
-inline void forget_async_copies();  // ptx_emu.h
+inline void forget_thread_state();  // ptx_emu.h: what a thread's PTX instructions left of this block
+inline void forget_warp_state();    // ptx_emu.h: what the warps published, once every thread is done
 
 inline void* run_thread(Grid* grid, unsigned tid) {
     const LaunchConfig& c = grid->config;
@@ -221,13 +222,14 @@ inline void* run_thread(Grid* grid, unsigned tid) {
             for (unsigned x = 0; x < c.grid[0]; ++x) {
                 blockIdx = {x, y, z};
                 grid->body(grid->context);
-                forget_async_copies();  // copies still pending when the thread ends never land
+                forget_thread_state();  // e.g. copies still pending when the thread ends never land
                 block_barrier.arrive_and_drop();
                 my_warp().arrive_and_drop();
                 grid->between_blocks.arrive_and_wait();  // everyone is done with this block
                 if (tid == 0) {
                     if (!guard_intact()) fail("write past the end of dynamic shared memory");
                     reset_barriers(grid->threads);
+                    forget_warp_state();
                     prepare_block();
                 }
                 grid->between_blocks.arrive_and_wait();  // the next block starts clean
@@ -435,6 +437,10 @@ inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even, as t
     return {uint16_t(u >> 16)};
 }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
+struct __nv_bfloat162 {
+    __nv_bfloat16 x, y;
+};
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16(a), __float2bfloat16(b)}; }
 inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float(uint32_t(h.bits) << 16); }
 namespace emu {
 template <> struct Code<__nv_bfloat16> { static constexpr const char* name = "bf16"; };

@@ -15,6 +15,10 @@
 
 #define MINIDL_PTX_EMULATED 1
 
+// A shared-memory address: here the pointer's value, integer arithmetic on it as in ptx.cuh
+using SharedAddress = uintptr_t;
+inline SharedAddress shared_address(const void* pointer) { return reinterpret_cast<SharedAddress>(pointer); }
+
 namespace emu {
 namespace ptx {
 
@@ -27,25 +31,29 @@ struct Operands {
     const void* address;
     uint32_t words[MAX_WORDS];
 };
-inline Operands published[MAX_WARPS][32];
+// two sets of slots, used in turn: a lane writes instruction i + 1's operands only after every lane
+// has reached instruction i, i.e. finished reading instruction i − 1's: one barrier per instruction
+inline Operands published[2][MAX_WARPS][32];
 inline thread_local uint64_t executed = 0;  // the same count in every lane of a warp that runs correctly
 
 enum Instruction : uint64_t { LDMATRIX = 0x10, MMA_BF16 = 0x20, MMA_TF32 = 0x21 };  // ldmatrix: | x << 1 | trans
 
 // Publishes this lane's operands and copies every lane's (`lanes`); `ok` says whether the whole
-// warp executed this instruction together. The destructor holds the slots until all have copied,
-// then withdraws the tag: a lane that exits leaves none for a later instruction (or launch) to match.
+// warp executed this instruction together (a lane that has exited publishes nothing more, and
+// the slots are cleared between blocks: no stale tag from an earlier block can match).
 struct WarpInstruction {
     Operands lanes[32];
     bool ok = false;
 
     WarpInstruction(const char* name, uint64_t instruction, const void* address, const uint32_t* words = nullptr) {
-        Operands& mine = published[warp_id][lane_id];
-        mine.tag = instruction << 48 | ++executed;
+        ++executed;
+        Operands(&slots)[32] = published[executed % 2][warp_id];
+        Operands& mine = slots[lane_id];
+        mine.tag = instruction << 48 | executed;
         mine.address = address;
         if (words) std::memcpy(mine.words, words, sizeof(mine.words));
         my_warp().arrive_and_wait();
-        std::memcpy(lanes, published[warp_id], sizeof(lanes));
+        std::memcpy(lanes, slots, sizeof(lanes));
         if (failed) return;  // after an error barriers open early: the copy may be stale
         int threads = int(blockDim.x * blockDim.y * blockDim.z);
         if (threads - warp_id * 32 < 32) {
@@ -59,10 +67,6 @@ struct WarpInstruction {
                 return;
             }
         ok = true;
-    }
-    ~WarpInstruction() {
-        my_warp().arrive_and_wait();
-        published[warp_id][lane_id].tag = 0;
     }
 };
 
@@ -150,18 +154,32 @@ inline thread_local uint64_t committed = 0;         // groups this thread has co
 
 }  // namespace ptx
 
-inline void forget_async_copies() {  // declared in cuda_emu.h: a block's pending copies end with it
+inline void forget_thread_state() {  // declared in cuda_emu.h: a block's pending copies end with it
     ptx::pending.clear();
     ptx::committed = 0;
+    ptx::executed = 0;
 }
+inline void forget_warp_state() { std::memset(ptx::published, 0, sizeof(ptx::published)); }
 }  // namespace emu
 
-inline void ldmatrix_x1(unsigned (&r)[1], const void* row) { emu::ptx::ldmatrix<1, false>(r, row, "ldmatrix_x1"); }
-inline void ldmatrix_x2(unsigned (&r)[2], const void* row) { emu::ptx::ldmatrix<2, false>(r, row, "ldmatrix_x2"); }
-inline void ldmatrix_x4(unsigned (&r)[4], const void* row) { emu::ptx::ldmatrix<4, false>(r, row, "ldmatrix_x4"); }
-inline void ldmatrix_x1_trans(unsigned (&r)[1], const void* row) { emu::ptx::ldmatrix<1, true>(r, row, "ldmatrix_x1_trans"); }
-inline void ldmatrix_x2_trans(unsigned (&r)[2], const void* row) { emu::ptx::ldmatrix<2, true>(r, row, "ldmatrix_x2_trans"); }
-inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* row) { emu::ptx::ldmatrix<4, true>(r, row, "ldmatrix_x4_trans"); }
+inline void ldmatrix_x1(unsigned (&r)[1], SharedAddress row) {
+    emu::ptx::ldmatrix<1, false>(r, reinterpret_cast<const void*>(row), "ldmatrix_x1");
+}
+inline void ldmatrix_x2(unsigned (&r)[2], SharedAddress row) {
+    emu::ptx::ldmatrix<2, false>(r, reinterpret_cast<const void*>(row), "ldmatrix_x2");
+}
+inline void ldmatrix_x4(unsigned (&r)[4], SharedAddress row) {
+    emu::ptx::ldmatrix<4, false>(r, reinterpret_cast<const void*>(row), "ldmatrix_x4");
+}
+inline void ldmatrix_x1_trans(unsigned (&r)[1], SharedAddress row) {
+    emu::ptx::ldmatrix<1, true>(r, reinterpret_cast<const void*>(row), "ldmatrix_x1_trans");
+}
+inline void ldmatrix_x2_trans(unsigned (&r)[2], SharedAddress row) {
+    emu::ptx::ldmatrix<2, true>(r, reinterpret_cast<const void*>(row), "ldmatrix_x2_trans");
+}
+inline void ldmatrix_x4_trans(unsigned (&r)[4], SharedAddress row) {
+    emu::ptx::ldmatrix<4, true>(r, reinterpret_cast<const void*>(row), "ldmatrix_x4_trans");
+}
 
 inline void mma_bf16_m16n8k16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const float (&c)[4]) {
     using namespace emu::ptx;
@@ -193,7 +211,15 @@ inline void mma_tf32_m16n8k8(float (&d)[4], const unsigned (&a)[4], const unsign
     });
 }
 
-inline void cp_async_16(void* smem, const void* global, bool fill) {
+inline unsigned lds_32(SharedAddress address) {
+    emu::check(address % 4 == 0, "lds_32: the address must be 4-byte aligned");
+    unsigned value;
+    std::memcpy(&value, reinterpret_cast<const void*>(address), 4);
+    return value;
+}
+
+inline void cp_async_16(SharedAddress shared, const void* global, bool fill) {
+    void* smem = reinterpret_cast<void*>(shared);
     bool aligned = reinterpret_cast<uintptr_t>(smem) % 16 == 0 && reinterpret_cast<uintptr_t>(global) % 16 == 0;
     emu::check(aligned, "cp_async_16: the shared and global addresses must be 16-byte aligned");
     if (emu::failed) return;

@@ -1,0 +1,621 @@
+// Convolution v2: the implicit GEMMs of kernels/conv.cu (forward, grad-input, grad-weight; its
+// opening comment explains the three products and the stride² phases of grad-input) on
+// mma.sync tensor-core instructions, every fragment loaded by ldmatrix from XOR-swizzled shared
+// memory that a multi-stage cp.async pipeline fills. Reference: minidl/ops/conv.py. The
+// launcher (minidl/kernels/conv_v2.py) declares the tile configurations; per shape the
+// autotuner (minidl/kernels/autotune.py) times them against the v1 kernels and keeps the fastest.
+//
+// Block tile BM×BN of the product, BK reduction elements per stage, STAGES stages in flight;
+// warps in a (BM/WM)×(BN/WN) grid, each holding a WM×WN tile as (WM/16)×(WN/8) accumulators of
+// 16×8 (mma m16n8k16 for bf16, m16n8k8 for TF32: a k-step is 32 bytes of reduction in both).
+//
+// Shared memory. An operand tile is a row-major grid of 16-byte chunks: K-major (a row per m or
+// n holding its BK reduction elements: ldmatrix reads fragments straight from it) or MN-major (a
+// row per reduction index holding BM or BN elements: ldmatrix.trans turns 16-bit data around;
+// TF32 data, 32 bits wide, is read one element per lane with LDS). A chunk's place in its row
+// is XOR-swizzled by the row: the 8 rows an ldmatrix reads at one chunk land in 8 different
+// bank groups while each row stays a permutation of its own chunks, so both the 16-byte
+// cp.async stores and the ldmatrix reads are conflict-free without padding. With the swizzle,
+// a fragment's address at k-step kk is its k-step-0 address XOR kk·32 (K-major) or plus kk·16
+// rows (MN-major): every lane's addresses are computed once, before the main loop.
+//
+// Global -> shared. Each thread owns fixed copy slots (row, chunk) of each operand tile whose
+// global offsets and padding masks are computed once; per k-tile the loop adds a block-uniform
+// offset and tests the masks against the tile's filter position: no integer division in the
+// loop. A copy outside the tensor (padding, the tile's edge) zero-fills its 16 bytes.
+//
+//   pass    A (M×K)                               B (K×N)                          requires
+//   fwd     x gathered (pixels × rsc), K-major    w (k × rsc), K-major             C % BK == 0
+//   dgrad   dy gathered over the phase's taps     w over (tap, k) × c, MN-major    K % BK == 0
+//   wgrad   dyᵀ (k × pixels), MN-major            x gathered (pixels × rsc), MN    -
+// with C and K multiples of a chunk (8 bf16, 4 fp32) for the 16-byte copies and stores.
+//
+// Epilogue: the accumulators go through shared memory (rows padded by 16 bytes) and leave as
+// 16-byte stores, in the data type or, when the reduction is split over blockIdx.z (split-K:
+// grids too small to fill the GPU, and grad-weight's long reduction), as fp32 partial tiles
+// that splitk_reduce_v2 sums in a fixed order: the result does not depend on scheduling.
+#include <cuda_bf16.h>
+
+#include "ptx.cuh"
+
+#ifndef DYNAMIC_SHARED_MEMORY  // the CPU emulator (tests/kernels/emu) defines its own
+#define DYNAMIC_SHARED_MEMORY(type, name)                                    \
+    extern __shared__ __align__(128) unsigned char dynamic_shared_bytes[]; \
+    type* name = reinterpret_cast<type*>(dynamic_shared_bytes)
+#endif
+#ifndef SPLITK_V2_THREADS
+#error "compile with the options of minidl/kernels/conv_v2.py (SPLITK_V2_THREADS)"
+#endif
+
+// ---- the tile configuration -------------------------------------------------------------------
+// SMEM_BYTES_ is the dynamic shared memory the launcher gives a block: checked against the
+// pipeline's stages and the epilogue tile (fp32 at most) here.
+template <typename T_, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int SMEM_BYTES_>
+struct V2Tile {
+    using T = T_;
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+    static constexpr int THREADS = 32 * (BM / WM) * (BN / WN);
+    static constexpr bool BF16 = sizeof(T) == 2;
+    static constexpr int EPC = 16 / int(sizeof(T));  // elements per 16-byte chunk
+    static constexpr int MMA_K = BF16 ? 16 : 8;
+    static constexpr int K_STEPS = BK / MMA_K;
+    static constexpr int M_TILES = WM / 16, N_TILES = WN / 8;
+    static constexpr int A_BYTES = BM * BK * int(sizeof(T)), STAGE_BYTES = A_BYTES + BN * BK * int(sizeof(T));
+    static constexpr int OUT_PITCH = BN * 4 + 16;  // bytes per row of the epilogue tile
+    static constexpr int SMEM_BYTES = SMEM_BYTES_;
+    static_assert(STAGES * STAGE_BYTES <= SMEM_BYTES && BM * OUT_PITCH <= SMEM_BYTES,
+                  "the launcher's shared memory holds the pipeline and the epilogue tile");
+    static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0 && WM <= 64 && WN <= 64,
+                  "warp tiles of 16..64 × 16..64: the fragment addresses XOR at most 4 sub-tiles");
+    static_assert(BK % MMA_K == 0 && BK * int(sizeof(T)) >= 64 && BK * int(sizeof(T)) <= 128,
+                  "K-major rows of 4 to 8 chunks");
+};
+
+// ---- swizzled shared memory ---------------------------------------------------------------------
+// Chunk `chunk` of row `row`, in a tile of ROW_CHUNKS chunks per row: XORed with the row so that
+// 8 consecutive rows at one chunk (an ldmatrix) occupy 8 different 16-byte bank groups.
+template <int ROW_CHUNKS>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+    constexpr int GROUPS = ROW_CHUNKS < 8 ? ROW_CHUNKS : 8;
+    return chunk ^ (row / (8 / GROUPS) % GROUPS);
+}
+// For MN-major TF32 tiles read one element per lane (lane (g, t) reads row t, element g of an
+// 8-wide run): XOR with twice the row spreads the warp's 32 reads over the 32 banks.
+template <int ROW_CHUNKS>
+__device__ __forceinline__ int swizzle_scalar(int row, int chunk) {
+    static_assert(ROW_CHUNKS >= 8, "scalar reads need rows of 8 or more chunks");
+    return chunk ^ (row % 4 * 2);
+}
+// bytes from a tile's start to chunk (row, chunk)
+template <int ROW_CHUNKS, bool SCALAR>
+__device__ __forceinline__ int chunk_offset(int row, int chunk) {
+    if constexpr (SCALAR) return (row * ROW_CHUNKS + swizzle_scalar<ROW_CHUNKS>(row, chunk)) * 16;
+    else return (row * ROW_CHUNKS + swizzle<ROW_CHUNKS>(row, chunk)) * 16;
+}
+
+// The copy slots of one thread in a tile of ROWS rows × ROW_CHUNKS chunks: slot i is the chunk
+// at (row(i), chunk()), its rows STEP = THREADS / ROW_CHUNKS apart. STEP is a multiple of 8 (or
+// there is one slot; 4 for the scalar swizzle), so every slot has the same swizzle and the slots' shared-memory offsets
+// differ by constants (`offset`).
+template <int THREADS, int ROWS, int ROW_CHUNKS, bool SCALAR = false>
+struct ColumnSlots {
+    static constexpr int COUNT = ROWS * ROW_CHUNKS / THREADS, STEP = THREADS / ROW_CHUNKS;
+    static_assert(THREADS % ROW_CHUNKS == 0 && COUNT >= 1 && ROWS * ROW_CHUNKS % THREADS == 0,
+                  "every thread copies whole chunks of one column");
+    static_assert(STEP % (SCALAR ? 4 : 8) == 0 || COUNT == 1, "the slots of a thread share one swizzle");
+    __device__ static int row(int slot) { return int(threadIdx.x) / ROW_CHUNKS + slot * STEP; }
+    __device__ static int chunk() { return int(threadIdx.x) % ROW_CHUNKS; }
+    __device__ static int offset(int slot) {
+        return chunk_offset<ROW_CHUNKS, SCALAR>(row(0), chunk()) + slot * STEP * ROW_CHUNKS * 16;
+    }
+};
+
+// The copy slots of one thread all in ONE row (a reduction index that is costly to locate,
+// grad-weight's pixel): row(), and chunks chunk(i), THREADS / ROWS apart.
+template <int THREADS, int ROWS, int ROW_CHUNKS, bool SCALAR = false>
+struct RowSlots {
+    static constexpr int PER_ROW = THREADS / ROWS;
+    static constexpr int COUNT = ROW_CHUNKS / PER_ROW;
+    static_assert(THREADS % ROWS == 0 && ROW_CHUNKS % PER_ROW == 0 && COUNT >= 1, "every thread copies part of a row");
+    __device__ static int row() { return int(threadIdx.x) / PER_ROW; }
+    __device__ static int chunk(int slot) { return int(threadIdx.x) % PER_ROW + slot * PER_ROW; }
+    __device__ static int offset(int slot) { return chunk_offset<ROW_CHUNKS, SCALAR>(row(), chunk(slot)); }
+};
+
+struct Geometry {
+    int N, H, W, C, K, R, S, P, Q, stride, pad;
+    __device__ int npq() const { return N * P * Q; }
+    __device__ int rsc() const { return R * S * C; }
+};
+
+// bits lo .. hi − 1 (none where hi <= lo); 0 <= lo, hi <= 16
+__device__ __forceinline__ unsigned bit_range(int lo, int hi) {
+    return hi > lo ? ((1u << hi) - 1) & ~((1u << lo) - 1) : 0u;
+}
+// bit i set where 0 <= start + i < size (i < count): the filter rows (or columns) of a window
+// starting at `start` that lie inside the image; `backward`: where 0 <= start − i < size
+__device__ __forceinline__ unsigned inside_bits(int start, int count, int size, bool backward = false) {
+    return backward ? bit_range(max(0, start - size + 1), min(count, start + 1))
+                    : bit_range(max(0, -start), min(count, size - start));
+}
+
+// One 16-byte cp.async of base[element] into tile + offset, or 16 zero bytes (`fill` false: the
+// address then points at base[0], inside the tensor, and nothing is read). `element` is only
+// meaningful where `fill` holds (a window's origin in the padding wraps around as unsigned).
+template <class T>
+__device__ __forceinline__ void copy_chunk(SharedAddress tile, int offset, const T* base, unsigned element, bool fill) {
+    cp_async_16(tile + offset, base + (fill ? element : 0u), fill);
+}
+template <class T>
+__device__ __forceinline__ void copy_chunk(SharedAddress tile, int offset, const T* base, unsigned element) {
+    cp_async_16(tile + offset, base + element, true);  // 32-bit element arithmetic: one wide multiply-add
+}
+
+// ---- the filter walk of a gathered operand ------------------------------------------------------
+// The k-tiles of fwd's and dgrad's reductions visit the filter positions (row, column) in order,
+// BLOCKS tiles of consecutive channels each. `select` holds the mask bits of the current
+// position (bit row, bit 16 + column); `event()` after `advance()` says whether the walk moved
+// to the next position (1) or the next filter row (2), so that each operand adds its jumps.
+struct FilterWalk {
+    int blocks = 1, columns = 1, block = 0, column = 0;
+    unsigned row_bit = 1u, column_bit = 1u << 16, select = 1u | 1u << 16;
+    FilterWalk() = default;
+    __device__ FilterWalk(int blocks_, int columns_) : blocks(blocks_), columns(columns_) {}
+    __device__ int advance() {
+        int event = 0;
+        if (++block == blocks) {
+            block = 0, event = 1, column_bit <<= 1;
+            if (++column == columns) column = 0, event = 2, column_bit = 1u << 16, row_bit <<= 1;
+        }
+        select = row_bit | column_bit;
+        return event;
+    }
+};
+
+// An operand's uniform offset along the walk: `step` per tile, plus `column_jump` on a new
+// position and `row_jump` on a new filter row.
+struct WalkOffset {
+    int delta, step, column_jump, row_jump;
+    __device__ void advance(int event) {
+        delta += step + (event ? column_jump : 0) + (event == 2 ? row_jump : 0);
+    }
+};
+
+// ---- the passes: their operands, tile ranges and outputs ------------------------------------------
+// Each pass fills a stage with the block's next k-tile (`load(a_tile, b_tile)`) and says where
+// output row m goes (`out_row`, an element offset). A slot whose row lies past the product's
+// edge (m >= M, n >= N) copies a row inside instead: its products land in outputs that are
+// never stored, so it needs neither a predicate nor zeros. Zeros are needed only where a real
+// output sums over the position: the padding of a window, the reduction's end.
+template <class Cfg>
+struct PassBase {
+    using T = typename Cfg::T;
+    Geometry g;
+    int m0, n0, rows, columns;  // the block's tile; the product's M and N
+    int tiles_begin = 0, tiles = 0;  // the block's k-tiles
+    int split = 0;  // which share of the reduction
+    __device__ PassBase(const Geometry& g_) : g(g_), m0(blockIdx.x * Cfg::BM), n0(blockIdx.y * Cfg::BN) {}
+    // this block's share of `total` k-tiles over `splits` splits (split `split_`)
+    __device__ void split_range(int total, int split_, int splits) {
+        split = split_;
+        int per_split = (total + splits - 1) / splits;
+        tiles_begin = min(total, split * per_split);
+        tiles = min(total, tiles_begin + per_split) - tiles_begin;
+    }
+};
+
+// The passes whose A operand is gathered along the filter walk (forward, grad-input): per
+// slot, A's element at the window origin and which filter rows and columns lie inside the
+// image; B's element at the first tile; each operand's offset along the walk.
+template <class Cfg, class ASlots_, class BSlots_>
+struct WalkedPass : PassBase<Cfg> {
+    using T = typename Cfg::T;
+    using ASlots = ASlots_;
+    using BSlots = BSlots_;
+    const T *a, *b;
+    unsigned a_element[ASlots::COUNT];
+    unsigned a_inside[ASlots::COUNT];  // bit r: filter row r inside; bit 16 + s: filter column s
+    unsigned b_element[BSlots::COUNT];
+    FilterWalk walk;
+    WalkOffset a_offset, b_offset;
+
+    __device__ WalkedPass(const Geometry& g_, const T* a_, const T* b_) : PassBase<Cfg>(g_), a(a_), b(b_) {}
+    __device__ void start() {  // a split of the reduction starts part-way along the walk
+        for (int t = 0; t < this->tiles_begin; ++t) advance();
+    }
+    __device__ void advance() {
+        int event = walk.advance();
+        a_offset.advance(event), b_offset.advance(event);
+    }
+    __device__ void load(SharedAddress a_tile, SharedAddress b_tile) {
+        for (int i = 0; i < ASlots::COUNT; ++i)
+            copy_chunk(a_tile, ASlots::offset(i), a, a_element[i] + a_offset.delta,
+                       (a_inside[i] & walk.select) == walk.select);
+        for (int i = 0; i < BSlots::COUNT; ++i)
+            copy_chunk(b_tile, BSlots::offset(i), b, b_element[i] + unsigned(b_offset.delta));
+        advance();
+    }
+};
+
+template <class Cfg>
+using KMajor = ColumnSlots<Cfg::THREADS, Cfg::BM, Cfg::BK / Cfg::EPC>;
+
+// Forward: Y[npq, k] = Σ_{r,s,c} X[n, p·st − pad + r, q·st − pad + s, c] · W[k, r, s, c].
+// A: x at the output pixel's window; B: w's rows, K-major.
+template <class Cfg>
+struct FwdPass : WalkedPass<Cfg, KMajor<Cfg>, ColumnSlots<Cfg::THREADS, Cfg::BN, Cfg::BK / Cfg::EPC>> {
+    using Base = WalkedPass<Cfg, KMajor<Cfg>, ColumnSlots<Cfg::THREADS, Cfg::BN, Cfg::BK / Cfg::EPC>>;
+    using T = typename Cfg::T;
+    using ASlots = typename Base::ASlots;
+    using BSlots = typename Base::BSlots;
+    static constexpr bool A_K_MAJOR = true, B_K_MAJOR = true;
+
+    __device__ FwdPass(const Geometry& g_, const T* x, const T* w) : Base(g_, x, w) {
+        const Geometry& g = this->g;
+        this->rows = g.npq(), this->columns = g.K;
+        this->walk = FilterWalk(g.C / Cfg::BK, g.S);
+        this->split_range(g.R * g.S * (g.C / Cfg::BK), blockIdx.z, gridDim.z);
+        for (int i = 0; i < ASlots::COUNT; ++i) {
+            int m = min(this->m0 + ASlots::row(i), this->rows - 1);
+            int q = m % g.Q, p = m / g.Q % g.P, n = m / (g.Q * g.P);
+            int h0 = p * g.stride - g.pad, w0 = q * g.stride - g.pad;
+            this->a_element[i] = ((n * g.H + h0) * g.W + w0) * g.C + ASlots::chunk() * Cfg::EPC;
+            this->a_inside[i] = inside_bits(h0, g.R, g.H) | inside_bits(w0, g.S, g.W) << 16;
+        }
+        for (int i = 0; i < BSlots::COUNT; ++i)
+            this->b_element[i] = min(this->n0 + BSlots::row(i), g.K - 1) * g.rsc() + BSlots::chunk() * Cfg::EPC;
+        // per tile the next BK channels; a new filter row skips the image row's other columns
+        this->a_offset = {0, Cfg::BK, 0, (g.W - g.S) * g.C};
+        this->b_offset = {0, Cfg::BK, 0, 0};
+        this->start();
+    }
+    __device__ long long out_row(int m) const { return (long long)m * this->g.K; }
+};
+
+// Grad-input, phase (ph, pw): the input pixels h = ph + i·st, w = pw + j·st receive the taps
+// r = r0 + rr·st, s = s0 + ss·st, and dX[n, h, w, c] = Σ_{rr, ss, k} dY[n, pb + i − rr, qb + j − ss, k]
+// · W[k, r, s, c] with pb = (ph + pad − r0)/st (kernels/conv.cu's DgradPass). blockIdx.z is
+// phase · splits + split. A: dy at the pixel's taps; B: w over (tap, k), MN-major.
+template <class Cfg>
+using DgradB = ColumnSlots<Cfg::THREADS, Cfg::BK, Cfg::BN / Cfg::EPC, !Cfg::BF16>;
+
+template <class Cfg>
+struct DgradPass : WalkedPass<Cfg, KMajor<Cfg>, DgradB<Cfg>> {
+    using Base = WalkedPass<Cfg, KMajor<Cfg>, DgradB<Cfg>>;
+    using T = typename Cfg::T;
+    using ASlots = typename Base::ASlots;
+    using BSlots = typename Base::BSlots;
+    static constexpr bool A_K_MAJOR = true, B_K_MAJOR = false;
+    int ph, pw, phase_h, phase_w;
+
+    __device__ DgradPass(const Geometry& g_, const T* dy, const T* w) : Base(g_, dy, w) {
+        const Geometry& g = this->g;
+        int st = g.stride, splits = int(gridDim.z) / (st * st), phase = int(blockIdx.z) / splits;
+        ph = phase / st, pw = phase % st;
+        int r0 = (ph + g.pad) % st, s0 = (pw + g.pad) % st;
+        int taps_r = (g.R - r0 + st - 1) / st, taps_s = (g.S - s0 + st - 1) / st;
+        phase_h = (g.H - ph + st - 1) / st, phase_w = (g.W - pw + st - 1) / st;
+        this->rows = g.N * phase_h * phase_w, this->columns = g.C;
+        this->walk = FilterWalk(g.K / Cfg::BK, taps_s);
+        this->split_range(taps_r * taps_s * (g.K / Cfg::BK), int(blockIdx.z) % splits, splits);
+        int pb = (ph + g.pad - r0) / st, qb = (pw + g.pad - s0) / st;
+        for (int i = 0; i < ASlots::COUNT; ++i) {
+            int m = min(this->m0 + ASlots::row(i), this->rows - 1);
+            int j = m % phase_w, ii = m / phase_w % phase_h, n = m / (phase_w * phase_h);
+            int p = pb + ii, q = qb + j;
+            this->a_element[i] = ((n * g.P + p) * g.Q + q) * g.K + ASlots::chunk() * Cfg::EPC;
+            this->a_inside[i] = inside_bits(p, taps_r, g.P, true) | inside_bits(q, taps_s, g.Q, true) << 16;
+        }
+        for (int i = 0; i < BSlots::COUNT; ++i) {
+            int c = min(this->n0 + BSlots::chunk() * Cfg::EPC, g.C - Cfg::EPC);
+            this->b_element[i] = BSlots::row(i) * g.rsc() + (r0 * g.S + s0) * g.C + c;
+        }
+        // per tile the next BK output channels; per tap column one dY column back and st filter
+        // columns on; per tap row one dY row back and st filter rows on
+        this->a_offset = {0, Cfg::BK, -2 * g.K, -(g.Q - taps_s) * g.K};
+        this->b_offset = {0, Cfg::BK * g.rsc(), st * g.C - g.K * g.rsc(), st * g.S * g.C - taps_s * st * g.C};
+        this->start();
+    }
+    __device__ long long out_row(int m) const {
+        int j = m % phase_w, i = m / phase_w % phase_h, n = m / (phase_w * phase_h);
+        const Geometry& g = this->g;
+        return (((long long)n * g.H + ph + i * g.stride) * g.W + pw + j * g.stride) * g.C;
+    }
+};
+
+// Grad-weight: dW[k, (r, s, c)] = Σ_{npq} dY[npq, k] · X[n, p·st − pad + r, q·st − pad + s, c],
+// the pixels (the reduction) split over blockIdx.z.
+template <class Cfg>
+struct WgradPass : PassBase<Cfg> {
+    using T = typename Cfg::T;
+    static constexpr bool A_K_MAJOR = false, B_K_MAJOR = false;
+    static constexpr int A_CHUNKS = Cfg::BM / Cfg::EPC, B_CHUNKS = Cfg::BN / Cfg::EPC;
+    using ASlots = ColumnSlots<Cfg::THREADS, Cfg::BK, A_CHUNKS, !Cfg::BF16>;
+    using BSlots = RowSlots<Cfg::THREADS, Cfg::BK, B_CHUNKS, !Cfg::BF16>;
+    const T *x, *dy;
+    unsigned a_element[ASlots::COUNT];  // dY's element at (pixel = the slot's row, k)
+    unsigned a_last;  // the element of this thread's column in dY's last pixel
+    int b_position[BSlots::COUNT];  // the column's (r·W + s)·C + c: its offset from a window origin
+    int b_offset[BSlots::COUNT];  // the chunk's place in shared memory
+    unsigned b_select[BSlots::COUNT];  // the column's bits (r, 16 + s) in the pixel's window mask
+    int pixel, n, p, q;  // this thread's pixel of the current k-tile, and its (n, p, q)
+    int step_n, step_p, step_q;  // what BK pixels add to (n, p, q)
+    int a_delta;
+
+    __device__ WgradPass(const Geometry& g_, const T* x_, const T* dy_) : PassBase<Cfg>(g_), x(x_), dy(dy_) {
+        const Geometry& g = this->g;
+        this->rows = g.K, this->columns = g.rsc();
+        int total = (g.npq() + Cfg::BK - 1) / Cfg::BK;
+        this->split_range(total, blockIdx.z, gridDim.z);
+        int k = min(this->m0 + ASlots::chunk() * Cfg::EPC, g.K - Cfg::EPC);
+        for (int i = 0; i < ASlots::COUNT; ++i) a_element[i] = ASlots::row(i) * g.K + k;
+        a_last = (g.npq() - 1) * g.K + k;
+        for (int i = 0; i < BSlots::COUNT; ++i) {
+            int column = this->n0 + BSlots::chunk(i) * Cfg::EPC;
+            int c = column % g.C, s = column / g.C % g.S, r = column / (g.C * g.S);
+            bool inside = column < g.rsc();
+            b_position[i] = (r * g.W + s) * g.C + c;
+            b_offset[i] = BSlots::offset(i);
+            b_select[i] = inside ? 1u << r | 1u << (16 + s) : ~0u;  // past the edge: no window has it (zeros)
+        }
+        pixel = this->tiles_begin * Cfg::BK + BSlots::row();
+        q = pixel % g.Q, p = pixel / g.Q % g.P, n = pixel / (g.Q * g.P);
+        step_q = Cfg::BK % g.Q, step_p = Cfg::BK / g.Q % g.P, step_n = Cfg::BK / (g.Q * g.P);
+        a_delta = this->tiles_begin * Cfg::BK * g.K;
+    }
+    __device__ void load(SharedAddress a_tile, SharedAddress b_tile) {
+        const Geometry& g = this->g;
+        // past the last pixel dY's rows repeat it: B's rows there are zeros, so they add nothing
+        for (int i = 0; i < ASlots::COUNT; ++i) copy_chunk(a_tile, ASlots::offset(i), dy, min(a_element[i] + a_delta, a_last));
+        int h0 = p * g.stride - g.pad, w0 = q * g.stride - g.pad;
+        unsigned window = pixel < g.npq() ? inside_bits(h0, g.R, g.H) | inside_bits(w0, g.S, g.W) << 16 : 0;
+        int origin = ((n * g.H + h0) * g.W + w0) * g.C;
+        for (int i = 0; i < BSlots::COUNT; ++i)
+            copy_chunk(b_tile, b_offset[i], x, unsigned(origin + b_position[i]), (window & b_select[i]) == b_select[i]);
+        a_delta += Cfg::BK * g.K;  // the next BK pixels
+        pixel += Cfg::BK;
+        q += step_q, p += step_p, n += step_n;
+        if (q >= g.Q) q -= g.Q, ++p;
+        if (p >= g.P) p -= g.P, ++n;
+    }
+    __device__ long long out_row(int m) const { return (long long)m * this->g.rsc(); }
+};
+
+// ---- fragments: shared memory -> registers --------------------------------------------------------
+// Per operand, the warp's fragments of one k-step: for A, `COUNT` m16 blocks of 4 registers; for
+// B, `COUNT` n8 tiles of 2 registers, in the mma's register order (kernels/ptx.cuh). Each lane's
+// byte offsets are computed once. ldmatrix.x4 lane l gives the address of row l % 8 of matrix
+// l / 8; for A the four matrices are (rows 0-7 | 8-15) × (k low | k high), for B (k low | k high)
+// of n 0-7, then of n 8-15: two adjacent n8 tiles.
+template <bool IS_B, int PER_WARP>
+struct FragmentShape {
+    static constexpr int REGS = IS_B ? 2 : 4;
+    static constexpr int COUNT = PER_WARP / (IS_B ? 8 : 16);
+    static constexpr int LOADS = PER_WARP / 16;  // ldmatrix.x4 per k-step: 16 rows or columns each
+};
+
+template <int N>
+__device__ __forceinline__ void take_x4(unsigned (&frag)[N][4], int load, const unsigned (&r)[4]) {
+    for (int j = 0; j < 4; ++j) frag[load][j] = r[j];
+}
+template <int N>
+__device__ __forceinline__ void take_x4(unsigned (&frag)[N][2], int load, const unsigned (&r)[4]) {
+    frag[2 * load][0] = r[0], frag[2 * load][1] = r[1], frag[2 * load + 1][0] = r[2], frag[2 * load + 1][1] = r[3];
+}
+
+// A K-major tile (a row per m or n, ROW_CHUNKS chunks of k): ldmatrix
+template <bool IS_B, int PER_WARP, int ROW_CHUNKS>
+struct KMajorFragments : FragmentShape<IS_B, PER_WARP> {
+    int base;  // this lane's row address at k-step 0 of the first load, bytes from the tile's start
+    __device__ void init(int warp_row0) {
+        int lane = threadIdx.x % 32, matrix = lane / 8;
+        int row = warp_row0 + lane % 8 + 8 * (IS_B ? matrix / 2 : matrix % 2);
+        int chunk = IS_B ? matrix % 2 : matrix / 2;
+        base = chunk_offset<ROW_CHUNKS, false>(row, chunk);
+    }
+    template <int REGS>
+    __device__ void load(unsigned (&frag)[PER_WARP / (IS_B ? 8 : 16)][REGS], SharedAddress tile, int kk) const {
+        for (int i = 0; i < this->LOADS; ++i) {  // k-step kk: two chunks further, i.e. XOR kk·32 (see above)
+            unsigned r[4];
+            ldmatrix_x4(r, tile + ((base ^ (kk * 32)) + i * 16 * ROW_CHUNKS * 16));
+            take_x4(frag, i, r);
+        }
+    }
+};
+
+// A 16-bit MN-major tile (a row per k, ROW_CHUNKS chunks of m or n): ldmatrix.trans
+template <bool IS_B, int PER_WARP, int ROW_CHUNKS>
+struct TransposedFragments : FragmentShape<IS_B, PER_WARP> {
+    static constexpr int ROW_BYTES = ROW_CHUNKS * 16;
+    int base;
+    __device__ void init(int warp_col0) {
+        int lane = threadIdx.x % 32, matrix = lane / 8;
+        int row = lane % 8 + 8 * (IS_B ? matrix % 2 : matrix / 2);
+        int chunk = warp_col0 / 8 + (IS_B ? matrix / 2 : matrix % 2);
+        base = chunk_offset<ROW_CHUNKS, false>(row, chunk);
+    }
+    template <int REGS>
+    __device__ void load(unsigned (&frag)[PER_WARP / (IS_B ? 8 : 16)][REGS], SharedAddress tile, int kk) const {
+        for (int i = 0; i < this->LOADS; ++i) {  // load i: two chunks further, i.e. XOR i·32; k-step: 16 rows
+            unsigned r[4];
+            ldmatrix_x4_trans(r, tile + ((base ^ (i * 32)) + kk * 16 * ROW_BYTES));
+            take_x4(frag, i, r);
+        }
+    }
+};
+
+// A 32-bit MN-major tile (TF32; a row per k): register j of a fragment is element
+// (k = t + 4·(j / HALVES), m or n = g + 8·(j % HALVES)) of its block, one LDS each
+template <bool IS_B, int PER_WARP, int ROW_CHUNKS>
+struct ScalarFragments : FragmentShape<IS_B, PER_WARP> {
+    static constexpr int HALVES = IS_B ? 1 : 2, WIDTH = IS_B ? 8 : 16, ROW_BYTES = ROW_CHUNKS * 16;
+    int offset[PER_WARP / WIDTH][HALVES];  // this lane's element at row t, per block and 8-wide half
+    __device__ void init(int warp_col0) {
+        int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        for (int b = 0; b < PER_WARP / WIDTH; ++b)
+            for (int half = 0; half < HALVES; ++half) {
+                int column = warp_col0 + b * WIDTH + 8 * half + g;
+                offset[b][half] = chunk_offset<ROW_CHUNKS, true>(t, column / 4) + column % 4 * 4;
+            }
+    }
+    template <int REGS>
+    __device__ void load(unsigned (&frag)[PER_WARP / WIDTH][REGS], SharedAddress tile, int kk) const {
+        for (int b = 0; b < PER_WARP / WIDTH; ++b)
+            for (int j = 0; j < REGS; ++j)
+                frag[b][j] = lds_32(tile + offset[b][j % HALVES] + (kk * 8 + 4 * (j / HALVES)) * ROW_BYTES);
+    }
+};
+
+template <bool CONDITION, class A, class B> struct Select { using type = A; };  // no <type_traits> in NVRTC
+template <class A, class B> struct Select<false, A, B> { using type = B; };
+
+// The fragment reader of an operand: K-major (ldmatrix), or MN-major of 16-bit (ldmatrix.trans)
+// or 32-bit (LDS) data; EXTENT is the tile's BM or BN.
+template <class Cfg, bool K_MAJOR, bool IS_B, int EXTENT>
+struct FragmentReader {
+    static constexpr int PER_WARP = IS_B ? Cfg::WN : Cfg::WM;
+    static constexpr int ROW_CHUNKS = K_MAJOR ? Cfg::BK / Cfg::EPC : EXTENT / Cfg::EPC;
+    using type = typename Select<K_MAJOR, KMajorFragments<IS_B, PER_WARP, ROW_CHUNKS>,
+                                 typename Select<Cfg::BF16, TransposedFragments<IS_B, PER_WARP, ROW_CHUNKS>,
+                                                 ScalarFragments<IS_B, PER_WARP, ROW_CHUNKS>>::type>::type;
+};
+
+// ---- the warp's product ---------------------------------------------------------------------------
+template <class Cfg, class Pass>
+struct WarpProduct {
+    using AReader = typename FragmentReader<Cfg, Pass::A_K_MAJOR, false, Cfg::BM>::type;
+    using BReader = typename FragmentReader<Cfg, Pass::B_K_MAJOR, true, Cfg::BN>::type;
+    float acc[Cfg::M_TILES][Cfg::N_TILES][4];
+    AReader a;
+    BReader b;
+    int warp_m0, warp_n0;
+
+    __device__ WarpProduct() {
+        int warp = threadIdx.x / 32;
+        warp_m0 = warp / (Cfg::BN / Cfg::WN) * Cfg::WM, warp_n0 = warp % (Cfg::BN / Cfg::WN) * Cfg::WN;
+        a.init(warp_m0), b.init(warp_n0);
+        for (auto& row : acc)
+            for (auto& tile : row)
+                for (float& v : tile) v = 0.0f;
+    }
+    __device__ void compute(SharedAddress a_tile, SharedAddress b_tile) {
+#pragma unroll
+        for (int kk = 0; kk < Cfg::K_STEPS; ++kk) {
+            unsigned fa[Cfg::M_TILES][4], fb[Cfg::N_TILES][2];
+            a.load(fa, a_tile, kk);
+            b.load(fb, b_tile, kk);
+#pragma unroll
+            for (int i = 0; i < Cfg::M_TILES; ++i)
+#pragma unroll
+                for (int j = 0; j < Cfg::N_TILES; ++j) {
+                    if constexpr (Cfg::BF16) mma_bf16_m16n8k16(acc[i][j], fa[i], fb[j], acc[i][j]);
+                    else mma_tf32_m16n8k8(acc[i][j], fa[i], fb[j], acc[i][j]);
+                }
+        }
+    }
+};
+
+// ---- the pipelined main loop and the epilogue -----------------------------------------------------
+__device__ __forceinline__ void store_pair(float* p, float a, float b) { p[0] = a, p[1] = b; }
+__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+
+template <class Cfg, class Pass, class Out>
+__device__ void store_tile(const Pass& pass, const WarpProduct<Cfg, Pass>& math, unsigned char* smem, Out* out) {
+    constexpr int PITCH = Cfg::BN + 16 / int(sizeof(Out));  // elements per row: 16 bytes of padding
+    constexpr int ROW_CHUNKS = Cfg::BN * int(sizeof(Out)) / 16;
+    Out* tile = reinterpret_cast<Out*>(smem);
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int i = 0; i < Cfg::M_TILES; ++i)
+        for (int j = 0; j < Cfg::N_TILES; ++j) {
+            int row = math.warp_m0 + 16 * i + g, col = math.warp_n0 + 8 * j + 2 * t;
+            store_pair(tile + row * PITCH + col, math.acc[i][j][0], math.acc[i][j][1]);
+            store_pair(tile + (row + 8) * PITCH + col, math.acc[i][j][2], math.acc[i][j][3]);
+        }
+    __syncthreads();
+    constexpr int EPC = 16 / int(sizeof(Out));
+    for (int index = threadIdx.x; index < Cfg::BM * ROW_CHUNKS; index += Cfg::THREADS) {
+        int row = index / ROW_CHUNKS, col = index % ROW_CHUNKS * EPC;
+        int m = pass.m0 + row, n = pass.n0 + col;
+        if (m < pass.rows && n < pass.columns)
+            *reinterpret_cast<int4*>(out + pass.out_row(m) + n) = *reinterpret_cast<const int4*>(tile + row * PITCH + col);
+    }
+}
+
+// The block's k-tiles through STAGES shared-memory stages: while the tensor cores work on tile
+// t, the copies of tiles t + 1 .. t + STAGES − 1 are in flight. Then the block's tile of the
+// product goes to `out` (the data type) or, split over blockIdx.z, to `partial` (fp32).
+template <class Cfg, class Pass, class Out>
+__device__ void implicit_gemm(Pass& pass, Out* out, float* partial, long long partial_stride) {
+    DYNAMIC_SHARED_MEMORY(unsigned char, smem);
+    SharedAddress base = shared_address(smem);
+    WarpProduct<Cfg, Pass> math;
+    constexpr int RING = Cfg::STAGES * Cfg::STAGE_BYTES;
+    auto next = [](int offset) { return offset + Cfg::STAGE_BYTES == RING ? 0 : offset + Cfg::STAGE_BYTES; };
+    for (int s = 0; s < Cfg::STAGES - 1; ++s) {  // prologue: the first STAGES − 1 tiles in flight
+        SharedAddress stage = base + s * Cfg::STAGE_BYTES;
+        if (s < pass.tiles) pass.load(stage, stage + Cfg::A_BYTES);
+        cp_async_commit();
+    }
+    int read = 0, write = (Cfg::STAGES - 1) * Cfg::STAGE_BYTES;  // byte offsets of the stages
+    for (int t = 0; t < pass.tiles; ++t) {
+        cp_async_wait<Cfg::STAGES - 2>();  // this thread's copies of tile t have landed
+        __syncthreads();  // everyone's have, and everyone is done with tile t − 1, whose stage is next
+        if (t + Cfg::STAGES - 1 < pass.tiles) pass.load(base + write, base + write + Cfg::A_BYTES);
+        cp_async_commit();  // a group also when empty: the wait above counts groups
+        math.compute(base + read, base + read + Cfg::A_BYTES);
+        read = next(read), write = next(write);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the stages are free for the epilogue tile
+    if (partial)
+        store_tile<Cfg>(pass, math, smem, partial + pass.split * partial_stride);
+    else
+        store_tile<Cfg>(pass, math, smem, out);
+}
+
+// ---- kernels --------------------------------------------------------------------------------------
+#define CONV_GEOMETRY int N, int H, int W, int C, int K, int R, int S, int P, int Q, int stride, int pad
+#define GEOMETRY Geometry{N, H, W, C, K, R, S, P, Q, stride, pad}
+template <class Cfg>
+using Data = typename Cfg::T;
+
+// y: the output, or with grid.z = splits > 1, partial: splits fp32 copies of it (y unused)
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1)
+    conv_fwd_v2(const Data<Cfg>* x, const Data<Cfg>* w, Data<Cfg>* y, float* partial, CONV_GEOMETRY) {
+    FwdPass<Cfg> pass(GEOMETRY, x, w);
+    implicit_gemm<Cfg>(pass, y, partial, (long long)pass.rows * pass.columns);
+}
+
+// grid.z = stride² phases × splits; grid.x covers the largest phase. dx: the output, or partial
+// (splits fp32 copies of dx) with more than one split.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1)
+    conv_dgrad_v2(const Data<Cfg>* dy, const Data<Cfg>* w, Data<Cfg>* dx, float* partial, CONV_GEOMETRY) {
+    DgradPass<Cfg> pass(GEOMETRY, dy, w);
+    if (pass.m0 >= pass.rows) return;  // the whole block: a smaller phase
+    implicit_gemm<Cfg>(pass, dx, partial, (long long)N * H * W * C);
+}
+
+// grid.z = splits; out: dW (float32) with one split, else splits partial copies of it
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1)
+    conv_wgrad_v2(const Data<Cfg>* x, const Data<Cfg>* dy, float* out, CONV_GEOMETRY) {
+    WgradPass<Cfg> pass(GEOMETRY, x, dy);
+    implicit_gemm<Cfg>(pass, out, gridDim.z > 1 ? out : nullptr, (long long)pass.rows * pass.columns);
+}
+
+// out[i] = Σ_z partial[z][i], z in order, rounded once to the output's type
+__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+template <typename T>
+__global__ void __launch_bounds__(SPLITK_V2_THREADS) splitk_reduce_v2(const float* partial, T* out, long long count,
+                                                                      int splits) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
+        float sum = 0.0f;
+        for (int z = 0; z < splits; ++z) sum += partial[z * count + i];
+        store_as(out + i, sum);
+    }
+}
