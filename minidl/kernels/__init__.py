@@ -50,7 +50,8 @@ def device():
         name = cupy.cuda.runtime.getDeviceProperties(gpu.id)["name"]
         path = autotune.cache_path(environment.cache_dir(), name.decode() if isinstance(name, bytes) else name,
                                    cupy.cuda.runtime.runtimeGetVersion())
-        tuner = autotune.Autotuner(autotune.cuda_timer(cupy), path)
+        tuner = autotune.Autotuner(autotune.cuda_timer(cupy), path,
+                                   capturing=lambda: cupy.cuda.get_current_stream().is_capturing())
     return Kernels(load_family, gpu.attributes["MultiProcessorCount"], allow_tf32=environment.value("MINIDL_TF32"),
                    tuner=tuner)
 

@@ -6,8 +6,9 @@ written without a GPU can never make a user slower.
 else from the JSON cache of this device and CUDA version (the same cache gives the same
 choices, hence the same bits), else by timing `run(plan)` for each plan (`timer(function)`:
 seconds, the median of a few timed calls after a warm-up; CUDA events on the GPU) and writing
-the winner to the cache. Tuning must not run while a CUDA graph is being captured: the graphed
-step's eager warm-up calls come first and meet every shape (minidl.training.graph).
+the winner to the cache. Tuning cannot run while a CUDA graph is being captured (`capturing()`):
+the graphed step's eager warm-up calls come first and meet every shape (minidl.training.graph);
+a key first met during a capture takes the first plan, the v1 kernel, untimed.
 `report()` says how many keys were tuned in this process and how long it took, and every
 choice in use. MINIDL_AUTOTUNE=0 turns the tuner off: then the first plan, the v1 kernel, runs
 (minidl.kernels.conv).
@@ -55,8 +56,8 @@ def cuda_timer(cupy):
 
 
 class Autotuner:
-    def __init__(self, timer, cache_path=None):
-        self.timer, self.cache_path = timer, Path(cache_path) if cache_path else None
+    def __init__(self, timer, cache_path=None, capturing=lambda: False):
+        self.timer, self.cache_path, self.capturing = timer, Path(cache_path) if cache_path else None, capturing
         self.choices = {}  # key -> Plan
         self.timings = {}  # key -> {label: seconds}, for the keys tuned in this process
         self.tuned, self.seconds = 0, 0.0
@@ -78,7 +79,7 @@ class Autotuner:
         cached = self._cached.get(key)
         if cached is not None and any(p.label() == cached for p in plans):
             plan = Plan.parse(cached)
-        elif len(plans) == 1:
+        elif len(plans) == 1 or self.capturing():
             plan = plans[0]
         else:
             start = time.perf_counter()

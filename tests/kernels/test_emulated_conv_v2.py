@@ -135,3 +135,12 @@ def test_without_a_tuner_the_v1_kernel_runs(emulated):
     plain.launch = recording
     run_pass(plain, "bf16", "conv_fwd", (1, 5, 7, 64, 72, 3, 1, 1))
     assert launched and all("_v2" not in name for name in launched)
+
+
+def test_no_timing_during_a_graph_capture(emulated):
+    """A key first met while a CUDA graph is captured takes the v1 plan untimed (timing would
+    synchronize the capturing stream)."""
+    calls = []
+    tuner = Autotuner(scripted_timer([], calls), capturing=lambda: True)
+    plans = [Plan("v1", "Bf16Tile"), Plan("v2", "bf16_128x128")]
+    assert tuner.choose("conv_fwd key", plans, lambda plan: None) == plans[0] and calls == []
