@@ -1,8 +1,10 @@
 """Schedules of the large-minibatch recipe: global batch size and learning rate over training.
 
 Batch-size control (Mikami et al.; Smith et al.): `BatchSchedule` gives the GLOBAL batch from
-each epoch on ("0:8192,30:16384"). Each rank then takes global / world images per step, split
-into `accum_steps` micro-batches when that exceeds the per-rank cap.
+each epoch on ("0:8192,30:16384"), or the batch per rank where an entry says so
+("0:16/rank,30:32/rank": the global batch is that times the number of ranks, so one preset
+follows a paper at any scale). Each rank then takes global / world images per step, split into
+`accum_steps` micro-batches when that exceeds the per-rank cap.
 
 Learning rate (Goyal et al.), a function of the fractional epoch t = epoch + step/steps, so
 it changes every iteration:
@@ -43,15 +45,22 @@ class BatchSchedule:
             raise UserError(f"batch sizes must be positive in the batch schedule {self}")
 
     @classmethod
-    def parse(cls, text):
-        """"0:8192,30:16384" -> BatchSchedule([(0, 8192), (30, 16384)])."""
+    def parse(cls, text, world_size=1):
+        """"0:8192,30:16384" -> BatchSchedule([(0, 8192), (30, 16384)]); a batch written N/rank
+        is N times `world_size`."""
         try:
-            points = [tuple(int(part) for part in item.split(":")) for item in text.split(",")]
-            if any(len(point) != 2 for point in points):
-                raise ValueError
+            points = [cls._point(item, world_size) for item in text.split(",")]
         except ValueError:
-            raise UserError(f"--batch-schedule {text!r} is not EPOCH:GLOBAL_BATCH pairs: write e.g. 0:8192,30:16384") from None
+            raise UserError(f"--batch-schedule {text!r} is not EPOCH:BATCH pairs (BATCH global, or N/rank per "
+                            "rank): write e.g. 0:8192,30:16384 or 0:16/rank,30:32/rank") from None
         return cls(points)
+
+    @staticmethod
+    def _point(item, world_size):
+        epoch, batch = item.split(":")
+        per_rank = batch.endswith("/rank")
+        batch = int(batch[:-len("/rank")] if per_rank else batch)
+        return int(epoch), batch * world_size if per_rank else batch
 
     def __str__(self):
         return ",".join(f"{epoch}:{batch}" for epoch, batch in self.points)

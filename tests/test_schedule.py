@@ -112,3 +112,29 @@ def test_print_schedule_batch_control_with_a_cap():
     assert [(r["global_batch"], r["per_rank_batch"], r["accum_steps"]) for r in rows] == \
         [(512, 256, 2), (512, 256, 2), (1024, 512, 4), (1024, 512, 4)]
     assert [r["lr"] for r in rows] == pytest.approx([0.2, 0.2, 0.4, 0.4])
+
+
+def test_a_per_rank_batch_schedule_scales_with_the_world():
+    schedule = BatchSchedule.parse("0:16/rank,30:32/rank", world_size=2176)
+    assert [schedule.global_batch(e) for e in (0, 29, 30)] == [34816, 34816, 69632]
+    assert str(schedule) == "0:34816,30:69632"  # what a checkpoint keeps: the global batches
+    assert BatchSchedule.parse("0:256,5:2/rank", world_size=128).points == [(0, 256), (5, 256)]
+    for bad in ("0:16/ranks", "0:/rank", "0:16/rank:2"):
+        with pytest.raises(UserError, match="N/rank per rank"):
+            BatchSchedule.parse(bad, world_size=8)
+
+
+@pytest.mark.parametrize("recipe, world, batches, peak_lr", [
+    ("sony", 2176, {0: 34816, 29: 34816, 30: 69632, 89: 69632}, 0.1 * 34816 / 256),  # the 224-second run
+    ("sony", 1088, {0: 17408, 30: 34816}, 0.1 * 17408 / 256),                      # the same preset on half the GPUs
+    ("sony", 3456, {0: 55296, 30: 110592}, 0.1 * 55296 / 256),
+    ("sony122", 3456, {0: 55296, 89: 55296}, 0.1 * 55296 / 256),                   # the 122-second run
+])
+def test_print_schedule_of_the_sony_presets(recipe, world, batches, peak_lr):
+    rows = print_schedule("--recipe", recipe, "--world-size", str(world), "--dataset-size", "1281167")
+    assert len(rows) == 90
+    assert {e: rows[e]["global_batch"] for e in batches} == batches
+    assert {row["per_rank_batch"] for row in rows} <= {16, 32} and {row["accum_steps"] for row in rows} == {1}
+    assert rows[0]["lr"] == pytest.approx(0.1)              # warmup from the reference rate
+    assert rows[5]["lr"] == pytest.approx(peak_lr, rel=1e-3)  # the scaled rate when the 5-epoch warmup ends
+    assert rows[89]["lr"] < rows[5]["lr"] / 100              # poly decay towards 0
