@@ -219,7 +219,7 @@ SETTINGS = (
     Setting("allreduce", ("--allreduce",), "how ranks sum their gradients", DISTRIBUTED, default="torus2d",
             choices=ALGORITHMS),
     Setting("torus_shape", ("--torus-shape",), "XxY grid of ranks for torus2d", DISTRIBUTED, check=torus_shape,
-            note="the squarest grid"),
+            note="the cost model's fastest for the nodes and buckets"),
     Setting("bucket_mb", ("--bucket-mb",), "gradient buckets reduced during backward (0: one, after backward)",
             DISTRIBUTED, float, default=25.0, check=non_negative),
     Setting("dist_backend", ("--dist-backend",), "transport of the collectives", DISTRIBUTED, choices=BACKENDS,

@@ -30,6 +30,7 @@ import time
 from minidl import amp, distributed, environment
 from minidl.backend import on_gpu, synchronize
 from minidl.checkpoint import CheckpointDir
+from minidl.distributed.grid import bucket_sizes
 from minidl.errors import UserError
 from minidl.training.build import build_model, build_optimizer, build_schedule
 from minidl.training.data import RunData
@@ -53,9 +54,10 @@ class Trainer:
         self.outputs = RunOutputs(config.output_dir, comm.rank == 0)
         self.data = RunData(config, comm)
         self.schedule = build_schedule(config, comm.size)
-        self.allreduce = distributed.AllReduce(comm, config.allreduce, distributed.parse_shape(config.torus_shape)
-                                               if config.torus_shape else None)
         self.model = build_model(config, len(self.data.train_set.classes))
+        shape = distributed.parse_shape(config.torus_shape) if config.torus_shape else None
+        self.grid = self._choose_grid(shape) if config.allreduce == "torus2d" and comm.size > 1 else None
+        self.allreduce = distributed.AllReduce(comm, config.allreduce, self.grid.shape if self.grid else shape)
         distributed.broadcast_state(comm, self.model.state_dict().values())
         self.optimizer = build_optimizer(config, self.model, math.lcm(1024, self.allreduce.alignment))
         if config.amp:
@@ -72,6 +74,12 @@ class Trainer:
                                   config.label_smoothing)
         self.state = RunState(config, comm, self.model, self.optimizer, self.schedule,
                               CheckpointDir(config.output_dir, config.keep_checkpoints))
+
+    def _choose_grid(self, shape):
+        """The torus grid: `shape` (--torus-shape), else the cost model's fastest for this job's layout
+        and the run's buckets (minidl.distributed.grid), with the predictions that explain it."""
+        float32_gradient = 4 * self.model.num_parameters()
+        return distributed.choose_grid(self.comm, bucket_sizes(float32_gradient, self.config.bucket_mb), shape)
 
     def _graphs_possible(self):
         """--cuda-graph: whether this run's steps can be captured (else they all run eagerly)."""
@@ -211,10 +219,13 @@ def run(config):
         trainer.resume(resume_point)
     outputs, position = trainer.outputs, trainer.position
     ranks = comm.allgather_object({"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid()})
-    outputs.start({**config.to_dict(), "environment": environment.record()}, ranks, position)
+    grid = {"torus_grid": trainer.grid.to_dict()} if trainer.grid else {}
+    outputs.start({**config.to_dict(), "environment": environment.record(), **grid}, ranks, position)
     outputs.banner(config, f"{trainer.model.num_parameters():,} parameters",
                    trainer.data.describe(),
                    ranks, resume_point and (resume_point[0], position))
+    if trainer.grid:
+        outputs.notice(trainer.grid.describe())
 
     if position.epoch >= config.epochs:
         outputs.notice(f"the run in {outputs.dir} has finished its {config.epochs} epochs: raise --epochs to go on")

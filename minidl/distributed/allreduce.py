@@ -20,37 +20,13 @@ by their order alone.
 A `Plan` is one all-reduce of one buffer, stage by stage: `run()` blocks; the gradient
 reducer steps it instead (`begin`, `ready`, `advance`, `finish`) to overlap it with backward.
 """
-import math
-
 from minidl.backend import get_array_module
 from minidl.distributed.comm import DONE
+from minidl.distributed.grid import check_shape, square_grid
 from minidl.errors import UserError
 from minidl.intmath import round_up
 
 ALGORITHMS = ("ring", "hierarchical", "torus2d")
-
-
-def parse_shape(text):
-    """'4x2' -> (4, 2), for a --torus-shape flag."""
-    parts = str(text).lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise UserError(f"torus shape {text!r} is not XxY with positive integers: write e.g. 4x2")
-    return int(parts[0]), int(parts[1])
-
-
-def square_grid(size):
-    """(X, Y) with X·Y = size, X ≤ Y and X as large as possible: the grid with the fewest steps."""
-    x = max(d for d in range(1, math.isqrt(size) + 1) if size % d == 0)
-    return x, size // x
-
-
-def check_shape(shape, size):
-    x, y = shape
-    if x * y != size:
-        options = ", ".join(f"{d}x{size // d}" for d in range(1, size + 1) if size % d == 0)
-        raise UserError(f"torus shape {x}x{y} has {x * y} ranks but the job has {size}: use one of "
-                        f"{options}, or leave the shape out to take the squarest")
-    return x, y
 
 
 class AllReduce:
