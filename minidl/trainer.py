@@ -187,7 +187,7 @@ class Trainer:
         record = {"iteration": self.position.iteration, "epoch": self.position.epoch + self.position.step / steps,
                   "loss": totals[0] / max(totals[1], 1), "lr": self.optimizer.lr, "global_batch": plan.global_batch,
                   "img_per_s": images_per_sec, **split}
-        self.outputs.steps(bar, record, split)
+        self.outputs.steps(bar, record)
 
     def finish_epoch(self, seconds):
         """The epoch's metrics (over all ranks); then the position moves to the next epoch."""
@@ -196,6 +196,9 @@ class Trainer:
         metrics = {"epoch": self.position.epoch + 1, "train_loss": loss_sum / max(images, 1), "lr": self.optimizer.lr,
                    "global_batch": self.plan(self.position.epoch).global_batch, "images_per_sec": images / seconds,
                    "train_skipped": int(skipped)}
+        split = self.timer.epoch_report()
+        if self.comm.size > 1:  # rank 0's communication per step: the wait after backward, and all of it
+            metrics.update(allreduce_seconds=split["allreduce"], communication_seconds=split.get("communication", 0.0))
         metrics.update(self.evaluate())
         self.position.next_epoch()
         totals.reset()
