@@ -41,6 +41,8 @@ from minidl.training.preemption import StopRequest
 from minidl.training.state import RunState, adopt_checkpoint_batches, find_resume_point
 from minidl.training.steps import EagerStep, GraphedTrainStep
 from minidl.training.timer import StepTimer
+from minidl.training.trace import RunTrace
+
 
 class TrainingStopped(Exception):
     """The run cannot go on (e.g. a non-finite loss); the message says why and what was saved."""
@@ -74,6 +76,8 @@ class Trainer:
                                   config.label_smoothing)
         self.state = RunState(config, comm, self.model, self.optimizer, self.schedule,
                               CheckpointDir(config.output_dir, config.keep_checkpoints))
+        self.trace = RunTrace(config.trace_steps, config.trace_path, comm, self.model, self.reducer, self.timer,
+                              self.outputs) if config.trace_steps else None
 
     def _choose_grid(self, shape):
         """The torus grid: `shape` (--torus-shape), else the cost model's fastest for this job's layout
@@ -143,6 +147,8 @@ class Trainer:
         window_start, window_images = time.perf_counter(), 0
         bar = self.outputs.progress_bar(position.epoch, config.epochs, steps, position.step)
         while position.step < steps:
+            if self.trace is not None:
+                self.trace.step_starting(position.iteration + 1)
             step.begin(self.schedule(position.epoch + position.step / steps))
             for k in range(plan.accum_steps):
                 images, labels = next(batches)
@@ -157,6 +163,8 @@ class Trainer:
             step.update()
             self.timer.mark("optimizer")
             self.timer.end_step()
+            if self.trace is not None:
+                self.trace.step_finished()
             position.advance()
             window_images += plan.global_batch
             bar.update(1)
@@ -199,7 +207,7 @@ class Trainer:
         split = self.timer.epoch_report()
         if self.comm.size > 1:  # rank 0's communication per step: the wait after backward, and all of it
             metrics.update(allreduce_seconds=split["allreduce"], communication_seconds=split.get("communication", 0.0))
-        metrics.update(self.evaluate())
+        metrics.update(self.evaluate() if self.trace is None else self.trace.around_evaluation(self.evaluate))
         self.position.next_epoch()
         totals.reset()
         return metrics
@@ -246,6 +254,8 @@ def run(config):
                 stopped, = trainer.any_rank(stop.requested is not None)
             else:  # asked to stop inside the epoch
                 path, stopped = trainer.save_checkpoint(), True
+    if trainer.trace is not None:
+        trainer.trace.finish()
     if stopped:
         outputs.notice(f"stopped by {stop.requested or 'a signal to another rank'} at iteration {position.iteration}; "
                        f"checkpoint {path}. Resume with: python train.py --resume auto --output-dir {outputs.dir} "
