@@ -1,17 +1,20 @@
 """--trace-steps under mpiexec: 2 and 4 ranks train a few steps of ResNet-20 and write one Chrome
-trace; it is read back and checked event by event, and the overlap of communication with
-backward is found in it. The runs' torus grid is the cost model's choice, or --torus-shape's."""
+trace; it is read back and checked event by event, the overlap of communication with backward
+is found in it, and `python -m minidl.plot` draws its timeline. The runs' torus grid is the
+cost model's choice, or --torus-shape's."""
 import json
 from pathlib import Path
 
 import pytest
 
+from minidl import plot
 from minidl.data import make_embedded_dataset
 from minidl.distributed import costmodel, grid
 from minidl.training import chrome_trace
 from mpi.launch import run
 
 EPS = 1e-3  # µs: the rounding of ts and dur in the file
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FLAGS = ["--model", "resnet20", "-b", 4, "--epochs", 1, "--train-crop-size", 16, "--val-crop-size", 16,
          "--val-resize-size", 16, "--augment", "none", "--print-freq", 1]
 
@@ -78,10 +81,12 @@ def check_trace(path, ranks, steps, stage_ops):
     return trace
 
 
-def test_four_ranks_trace_overlap_and_grid(data, tmp_path):
+def test_four_ranks_trace_overlap_plot_and_grid(data, tmp_path):
     result = train(data, tmp_path, 4, "--trace-steps", "2:3", "--bucket-mb", 0.2)
     check_trace(tmp_path / "trace.json", 4, (2, 3), ["reduce_scatter", "allreduce", "allgather"])
     assert "trace of steps 2-3 on 4 ranks" in result.stdout
+    assert plot.main([str(tmp_path)]) == 0
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == PNG_SIGNATURE
     chosen = json.loads((tmp_path / "config.json").read_text())["torus_grid"]
     assert chosen["source"] == "cost model" and chosen["ranks_per_node"] == 4
     machine = costmodel.Machine(gpus_per_node=4)
