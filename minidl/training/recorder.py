@@ -108,14 +108,13 @@ class TraceRecorder:
         self.backward_run = None
         self.final = {}  # bucket -> mark when its gradients were final
         self.stage_start = {}  # bucket -> marks of its running stage's start
-        if self.reducer is not None:
-            self.streams = [[stage.comm.stream_for(stage.src) for stage in plan.stages] for plan in self.reducer.plans]
-            self.bucket_args = [bucket_args(model, self.reducer, k) for k in range(len(self.reducer.plans))]
+        plans = self.reducer.plans if self.reducer is not None else []
+        self.streams = [[stage.comm.stream_for(stage.src) for stage in plan.stages] for plan in plans]
+        self.bucket_args = [bucket_args(model, self.reducer, k) for k in range(len(plans))]
 
     @property
     def track_names(self):
-        buckets = [f"bucket {k}: {args['parameters']}" for k, args in enumerate(getattr(self, "bucket_args", []))]
-        return ["compute"] + buckets
+        return ["compute"] + [f"bucket {k}: {args['parameters']}" for k, args in enumerate(self.bucket_args)]
 
     def start(self):
         nn.Module.call_hook = self._module_call
@@ -137,7 +136,7 @@ class TraceRecorder:
 
     def collect(self):
         """The intervals recorded so far as (track, name, category, start, end, args) in host
-        seconds, oldest first; the recorder forgets them."""
+        seconds, in the order they ended; the recorder forgets them."""
         self._close_backward_run()
         seconds = self.clock.seconds
         collected = [(i.track, i.name, i.category, max(seconds(m) for m in i.start), seconds(i.end), i.args)
