@@ -12,8 +12,8 @@ either flag minidl's step is the trainer's device step (minidl.training.device_s
 normalized on the device, the loss kept there).
 `--profile` adds where minidl's step time goes, per operation. `--trace` also times minidl's
 step while the --trace-steps recorder (minidl.training.recorder) records every module's forward
-and every Function's backward, alternating with the untraced step: what tracing costs, and that
-the step without it (its hooks unset) runs as before.
+and every Function's backward, alternating with the untraced step (its hooks unset, as in every
+run without --trace-steps): what tracing costs.
 """
 import argparse
 import json
