@@ -17,9 +17,14 @@ Gradients accumulate: a tensor used twice receives the sum. A leaf whose `.grad`
 exists (a parameter whose gradient is a view into the optimizer's flat buffer) is
 accumulated into IN PLACE, which keeps that view valid.
 
-Hook: a tensor whose `grad_hook` is set (None by default, a class attribute) has it called
-as `grad_hook(tensor)` right after each accumulation into its `.grad`. The gradient
-all-reduce (minidl.distributed.GradientReducer) uses it to launch communication during backward.
+Hooks, all None by default (then nothing is done or kept):
+- a tensor whose `grad_hook` is set (a class attribute) has it called as `grad_hook(tensor)`
+  right after each accumulation into its `.grad`. The gradient all-reduce
+  (minidl.distributed.GradientReducer) uses it to launch communication during backward;
+- `set_scope(tag)`: while a tag is set, every Function recorded in the graph keeps it as
+  `function.scope` (a tracer sets the name of the module whose forward is running);
+- `set_backward_observer(before, after)`: backward calls `before(function)` and
+  `after(function)` around each Function's backward (a tracer times them).
 """
 import contextlib
 import heapq
@@ -31,6 +36,8 @@ from minidl import kernels
 from minidl.backend import BF16, get_array_module
 
 _grad_enabled = True
+_scope = None
+_backward_observer = None
 
 
 @contextlib.contextmanager
@@ -46,6 +53,20 @@ def no_grad():
 
 def is_grad_enabled():
     return _grad_enabled
+
+
+def set_scope(tag):
+    """Tag the Functions recorded from now on with `tag` (None: no tag); returns the previous tag."""
+    global _scope
+    previous, _scope = _scope, tag
+    return previous
+
+
+def set_backward_observer(before=None, after=None):
+    """Have backward call before(function) and after(function) around each Function's backward
+    (no arguments: call nothing)."""
+    global _backward_observer
+    _backward_observer = (before, after) if before is not None else None
 
 
 def as_array(value, like=None):
@@ -105,12 +126,17 @@ class Tensor:
 
         if self.creator is not None:
             push(self.creator)
+        before, after = _backward_observer or (None, None)
         while pending:
             function = heapq.heappop(pending)[2]
             outputs = [output() for output in function.outputs]
             waiting.pop(function, None)
             grads_out = [None if y is None or y.grad is None else y.grad.data for y in outputs]
+            if before is not None:
+                before(function)
             grads_in = function.backward(*grads_out)
+            if after is not None:
+                after(function)
             if not isinstance(grads_in, tuple):
                 grads_in = (grads_in,)
             for x, gx in zip(function.inputs, grads_in):
@@ -183,6 +209,7 @@ class Function:
     """One differentiable operation. Subclasses implement forward(*arrays) -> array(s)
     and backward(*grad_outputs) -> grad_input(s), and keep what backward needs as attributes.
     Returning None for an input's gradient means it needs none."""
+    scope = None  # the tag set (set_scope) when it was recorded
 
     def __call__(self, *inputs):
         first = next((x for x in inputs if isinstance(x, Tensor)), None)
@@ -197,6 +224,8 @@ class Function:
                 y.set_creator(self)
             self.inputs = inputs
             self.outputs = [weakref.ref(y) for y in outputs]
+            if _scope is not None:
+                self.scope = _scope
         return outputs[0] if single else outputs
 
     def forward(self, *arrays):

@@ -14,6 +14,7 @@ Explicit values always win. Validation raises UserError naming the problem and t
 """
 import dataclasses
 import json
+from pathlib import Path
 
 from minidl import environment
 from minidl.backend import require_gpu
@@ -23,6 +24,7 @@ from minidl.errors import UserError
 from minidl.models import MODELS
 from minidl.optim import SGD
 from minidl.schedule import LR_SCHEDULERS, WARMUP_METHODS, BatchSchedule
+from minidl.training.trace import parse_steps
 
 OPTIMIZERS = ("sgd", "lars")
 UNSET = object()  # a profile or base default that a setting does not have
@@ -92,6 +94,11 @@ def torus_shape(flag, value):
 def batch_schedule(flag, value):
     if value is not None:
         BatchSchedule.parse(value)  # raises its own UserError
+
+
+def trace_steps(flag, value):
+    if value is not None:
+        parse_steps(value)  # raises its own UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +226,7 @@ SETTINGS = (
     Setting("allreduce", ("--allreduce",), "how ranks sum their gradients", DISTRIBUTED, default="torus2d",
             choices=ALGORITHMS),
     Setting("torus_shape", ("--torus-shape",), "XxY grid of ranks for torus2d", DISTRIBUTED, check=torus_shape,
-            note="the squarest grid"),
+            note="the cost model's fastest for the nodes and buckets"),
     Setting("bucket_mb", ("--bucket-mb",), "gradient buckets reduced during backward (0: one, after backward)",
             DISTRIBUTED, float, default=25.0, check=non_negative),
     Setting("dist_backend", ("--dist-backend",), "transport of the collectives", DISTRIBUTED, choices=BACKENDS,
@@ -239,6 +246,10 @@ SETTINGS = (
     Setting("seed", ("--seed",), "drives initialization, data order and augmentation", RUN, int, default=0),
     Setting("print_freq", ("--print-freq",), "steps between progress-bar updates", RUN, int, default=10,
             check=positive_int),
+    Setting("trace_steps", ("--trace-steps",), "record optimizer steps A to B (counted from 1) on every rank: "
+            "modules, buckets, all-reduce stages, into one Chrome trace (Perfetto, chrome://tracing)", RUN,
+            check=trace_steps, note="no trace"),
+    Setting("trace", ("--trace",), "where --trace-steps writes its trace", RUN, note="OUTPUT_DIR/trace.json"),
 
     Setting("amp", ("--amp",), "bf16 activations and convolutions, float32 weights, statistics and loss (GPU only)",
             GPU, default=False, action="store_true", check=gpu_only),
@@ -300,12 +311,23 @@ class _Methods:
         if self.lr_warmup_epochs >= self.epochs:
             raise UserError(f"--lr-warmup-epochs {self.lr_warmup_epochs} leaves no epochs after warmup: "
                             f"make it smaller than --epochs {self.epochs}")
+        if self.trace is not None and self.trace_steps is None:
+            raise UserError(f"--trace {self.trace} needs --trace-steps A:B to say which steps to trace: add it, "
+                            "or drop --trace")
+        if self.trace_steps is not None and self.cuda_graph:
+            raise UserError("--trace-steps times each module from Python, which a step replayed from a CUDA graph "
+                            "does not run: drop --trace-steps or --cuda-graph")
         if self.val_resize_size < self.val_crop_size:
             raise UserError(f"--val-resize-size {self.val_resize_size} is smaller than --val-crop-size "
                             f"{self.val_crop_size}: make it at least the crop size")
 
     def to_dict(self):
         return dataclasses.asdict(self)
+
+    @property
+    def trace_path(self):
+        """Where --trace-steps writes its trace."""
+        return Path(self.trace) if self.trace else Path(self.output_dir) / "trace.json"
 
     def to_json(self):
         """The settings that are set, as one JSON line (the run's banner)."""

@@ -7,6 +7,10 @@ optimizer buffers and the gradient all-reduce rely on that. Names follow torch's
 
 Initial values are drawn on the host from one generator seeded by `manual_seed`, then moved
 to the array module, so the same seed gives the same model on CPU and GPU.
+
+Hook: while `Module.call_hook` is set (None by default), calling a module runs
+`Module.call_hook(module, args)` instead of `module.forward(*args)`; the hook must call
+`module.forward(*args)` and return its result (a tracer times each module that way).
 """
 import math
 from collections import OrderedDict
@@ -45,6 +49,8 @@ class Parameter(Tensor):
 
 
 class Module:
+    call_hook = None
+
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
@@ -70,7 +76,9 @@ class Module:
         object.__setattr__(self, name, array)
 
     def __call__(self, *args):
-        return self.forward(*args)
+        if Module.call_hook is None:
+            return self.forward(*args)
+        return Module.call_hook(self, args)
 
     def forward(self, *args):
         raise NotImplementedError

@@ -5,7 +5,8 @@ val_top5, lr, global_batch, images_per_sec) and, if present, OUTDIR/steps.jsonl 
 every --print-freq steps: iteration, epoch as a fraction of epochs completed, loss, lr,
 global_batch, img_per_s, and the seconds per step spent in data, forward, backward, allreduce
 and optimizer). Writes into OUTDIR, against epochs: loss.png, top1.png, lr.png,
-global_batch.png, throughput.png and, when steps.jsonl has time splits, time_split.png.
+global_batch.png, throughput.png and, when steps.jsonl has time splits, time_split.png; from
+OUTDIR/trace.json (--trace-steps), if present, timeline.png (minidl.plot_timeline).
 Keys that are absent are left out; a figure with nothing to draw is not written. It prints
 the paths it wrote; bad input gives one line on stderr and exit code 2.
 
@@ -22,6 +23,7 @@ from matplotlib.figure import Figure  # the object API needs no display and no p
 
 from minidl.errors import UserError
 from minidl.fileio import write_bytes_atomic
+from minidl.plot_timeline import draw_trace
 from minidl.training.timer import PHASES
 
 TIME_SPLITS = PHASES  # what steps.jsonl splits each step into
@@ -132,8 +134,11 @@ def plot_run(output_dir):
     steps = read_jsonl(steps_path, "iteration") if steps_path.is_file() else []
     steps = [row for row in steps if is_number(row.get("epoch"))]
     sources = {"metrics": metrics, "steps": steps}
+    trace_path = output_dir / "trace.json"
+    timeline = draw_trace(trace_path) if trace_path.is_file() else None  # bad input before any file is written
     written = [line_figure(output_dir / name, ylabel, lines, sources) for name, ylabel, lines in FIGURES]
     written.append(time_split_figure(output_dir / "time_split.png", steps))
+    written.append(save(timeline, output_dir / "timeline.png") if timeline else None)
     return [path for path in written if path is not None]
 
 

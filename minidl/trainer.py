@@ -30,6 +30,7 @@ import time
 from minidl import amp, distributed, environment, kernels
 from minidl.backend import on_gpu, synchronize
 from minidl.checkpoint import CheckpointDir
+from minidl.distributed.grid import bucket_sizes
 from minidl.errors import UserError
 from minidl.training.build import build_model, build_optimizer, build_schedule
 from minidl.training.data import RunData
@@ -41,6 +42,8 @@ from minidl.training.preemption import StopRequest
 from minidl.training.state import RunState, adopt_checkpoint_batches, find_resume_point
 from minidl.training.steps import EagerStep, GraphedTrainStep
 from minidl.training.timer import StepTimer
+from minidl.training.trace import RunTrace
+
 
 class TrainingStopped(Exception):
     """The run cannot go on (e.g. a non-finite loss); the message says why and what was saved."""
@@ -54,9 +57,10 @@ class Trainer:
         self.outputs = RunOutputs(config.output_dir, comm.rank == 0)
         self.data = RunData(config, comm)
         self.schedule = build_schedule(config, comm.size)
-        self.allreduce = distributed.AllReduce(comm, config.allreduce, distributed.parse_shape(config.torus_shape)
-                                               if config.torus_shape else None)
         self.model = build_model(config, len(self.data.train_set.classes))
+        shape = distributed.parse_shape(config.torus_shape) if config.torus_shape else None
+        self.grid = self._choose_grid(shape) if config.allreduce == "torus2d" and comm.size > 1 else None
+        self.allreduce = distributed.AllReduce(comm, config.allreduce, self.grid.shape if self.grid else shape)
         distributed.broadcast_state(comm, self.model.state_dict().values())
         self.optimizer = build_optimizer(config, self.model, math.lcm(1024, self.allreduce.alignment))
         if config.amp:
@@ -73,6 +77,14 @@ class Trainer:
                                   config.label_smoothing)
         self.state = RunState(config, comm, self.model, self.optimizer, self.schedule,
                               CheckpointDir(config.output_dir, config.keep_checkpoints))
+        self.trace = RunTrace(config.trace_steps, config.trace_path, comm, self.model, self.reducer, self.timer,
+                              self.outputs) if config.trace_steps else None
+
+    def _choose_grid(self, shape):
+        """The torus grid: `shape` (--torus-shape), else the cost model's fastest for this job's layout
+        and the run's buckets (minidl.distributed.grid), with the predictions that explain it."""
+        float32_gradient = 4 * self.model.num_parameters()
+        return distributed.choose_grid(self.comm, bucket_sizes(float32_gradient, self.config.bucket_mb), shape)
 
     def _graphs_possible(self):
         """--cuda-graph: whether this run's steps can be captured (else they all run eagerly)."""
@@ -136,6 +148,8 @@ class Trainer:
         window_start, window_images = time.perf_counter(), 0
         bar = self.outputs.progress_bar(position.epoch, config.epochs, steps, position.step)
         while position.step < steps:
+            if self.trace is not None:
+                self.trace.step_starting(position.iteration + 1)
             step.begin(self.schedule(position.epoch + position.step / steps))
             for k in range(plan.accum_steps):
                 images, labels = next(batches)
@@ -151,6 +165,8 @@ class Trainer:
             step.update()
             self.timer.mark("optimizer")
             self.timer.end_step()
+            if self.trace is not None:
+                self.trace.step_finished()
             position.advance()
             window_images += plan.global_batch
             bar.update(1)
@@ -181,7 +197,7 @@ class Trainer:
         record = {"iteration": self.position.iteration, "epoch": self.position.epoch + self.position.step / steps,
                   "loss": totals[0] / max(totals[1], 1), "lr": self.optimizer.lr, "global_batch": plan.global_batch,
                   "img_per_s": images_per_sec, **split}
-        self.outputs.steps(bar, record, split)
+        self.outputs.steps(bar, record)
 
     def finish_epoch(self, seconds):
         """The epoch's metrics (over all ranks); then the position moves to the next epoch."""
@@ -190,8 +206,11 @@ class Trainer:
         metrics = {"epoch": self.position.epoch + 1, "train_loss": loss_sum / max(images, 1), "lr": self.optimizer.lr,
                    "global_batch": self.plan(self.position.epoch).global_batch, "images_per_sec": images / seconds,
                    "train_skipped": int(skipped)}
+        split = self.timer.epoch_report()
+        if self.comm.size > 1:  # rank 0's communication per step: the wait after backward, and all of it
+            metrics.update(allreduce_seconds=split["allreduce"], communication_seconds=split.get("communication", 0.0))
         with naming_the_batch(self.plan(self.position.epoch).micro_batch):
-            metrics.update(self.evaluate())
+            metrics.update(self.evaluate() if self.trace is None else self.trace.around_evaluation(self.evaluate))
         self.position.next_epoch()
         totals.reset()
         return metrics
@@ -214,10 +233,13 @@ def run(config):
         trainer.resume(resume_point)
     outputs, position = trainer.outputs, trainer.position
     ranks = comm.allgather_object({"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid()})
-    outputs.start({**config.to_dict(), "environment": environment.record()}, ranks, position)
+    grid = {"torus_grid": trainer.grid.to_dict()} if trainer.grid else {}
+    outputs.start({**config.to_dict(), "environment": environment.record(), **grid}, ranks, position)
     outputs.banner(config, f"{trainer.model.num_parameters():,} parameters",
                    trainer.data.describe(),
                    ranks, resume_point and (resume_point[0], position))
+    if trainer.grid:
+        outputs.notice(trainer.grid.describe())
 
     if position.epoch >= config.epochs:
         outputs.notice(f"the run in {outputs.dir} has finished its {config.epochs} epochs: raise --epochs to go on")
@@ -236,6 +258,8 @@ def run(config):
                 stopped, = trainer.any_rank(stop.requested is not None)
             else:  # asked to stop inside the epoch
                 path, stopped = trainer.save_checkpoint(), True
+    if trainer.trace is not None:
+        trainer.trace.finish()
     if stopped:
         outputs.notice(f"stopped by {stop.requested or 'a signal to another rank'} at iteration {position.iteration}; "
                        f"checkpoint {path}. Resume with: python train.py --resume auto --output-dir {outputs.dir} "

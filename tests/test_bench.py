@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def bench(*args):
     return subprocess.run([sys.executable, "-m", "minidl.bench", *args], capture_output=True, text=True, timeout=300)
@@ -24,6 +26,15 @@ def test_step_benchmark_profile_lists_the_operations():
                    "--iters", "1", "--profile")
     assert result.returncode == 0, result.stderr
     assert "Conv2d.backward" in result.stdout and "BatchNorm.forward" in result.stdout
+
+
+def test_step_benchmark_times_the_step_with_tracing_on_too():
+    result = bench("step", "--model", "resnet20", "--batch-size", "2", "--image-size", "8", "--warmup", "1",
+                   "--iters", "2", "--trace", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["traced_step_ms"] > 0 and report["minidl_step_ms"] > 0
+    assert report["trace_overhead"] == pytest.approx(report["traced_step_ms"] / report["minidl_step_ms"] - 1)
 
 
 def test_unknown_benchmark_and_bad_model_are_one_line_errors():

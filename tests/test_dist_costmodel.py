@@ -1,11 +1,14 @@
-"""The alpha–beta cost model against closed forms, and the all-reduce benchmark end to end."""
+"""The alpha–beta cost model against closed forms, the torus grid it chooses, and the all-reduce
+benchmark end to end."""
 import json
+from dataclasses import replace
 
 import pytest
 
 from minidl.bench import allreduce as bench
-from minidl.distributed import costmodel
-from mpi.launch import run
+from minidl.distributed import costmodel, grid
+from minidl.errors import UserError
+from mpi.launch import run, run_checks
 
 N = 100e6
 ABCI = costmodel.ABCI
@@ -55,6 +58,7 @@ def test_model_mode_prints_the_three_cluster_sizes(capsys):
     for ranks, ring_steps in ((1088, 2174), (2176, 4350), (3456, 6910)):
         assert f"ring 2(XY−1) = {ring_steps}" in out and f"\n{ranks:>6}  torus2d" in out
     assert "torus 2(X−1)+2(Y−1) = 548 (4x272), 128 (32x34)" in out
+    assert "a run's default grid, 25 MiB buckets: 32x34" in out and "one bucket: 64x17" in out
 
 
 def test_benchmark_under_mpiexec_then_calibration(tmp_path, capsys):
@@ -69,3 +73,46 @@ def test_benchmark_under_mpiexec_then_calibration(tmp_path, capsys):
     assert "torus2d 2x2" in result.stdout
     assert bench.main(["--model", "--calibrate", str(path)]) == 0
     assert "calibrated on" in capsys.readouterr().out
+
+
+def aligned_fastest(ranks, per_node, buckets):
+    """The least predicted time over every grid of `ranks` whose rows line up with the nodes."""
+    machine = replace(ABCI, gpus_per_node=per_node)
+    grids = [(x, ranks // x) for x in range(1, ranks + 1)
+             if ranks % x == 0 and (per_node % x == 0 or x % per_node == 0)]
+    return min(sum(costmodel.seconds(costmodel.torus(machine, x, y, n), machine) for n in buckets) for x, y in grids)
+
+
+@pytest.mark.parametrize("ranks, per_node", [(2, 2), (4, 4), (8, 2), (8, 4), (8, 8), (6, 3), (16, 4), (64, 8),
+                                             (1088, 4), (2176, 4), (3456, 4)])
+@pytest.mark.parametrize("buckets", [[costmodel.RESNET50_GRADIENT_BYTES], [25 * 2**20] * 4, [1.1e6]])
+def test_the_default_grid_is_the_cost_models_fastest(ranks, per_node, buckets):
+    choice = grid.predict(ranks, per_node, buckets)
+    shape, seconds = choice.predicted["chosen"]
+    assert shape == choice.shape and choice.source == "cost model"
+    assert seconds == pytest.approx(aligned_fastest(ranks, per_node, buckets), rel=1e-9)
+    assert seconds <= min(s for _, s in choice.predicted.values()) * (1 + 1e-9)
+
+
+def test_grid_choices_at_the_sony_sizes_and_ties():
+    resnet50 = [costmodel.RESNET50_GRADIENT_BYTES]
+    in_buckets = grid.bucket_sizes(costmodel.RESNET50_GRADIENT_BYTES, 25)
+    assert len(in_buckets) == 4 and sum(in_buckets) == costmodel.RESNET50_GRADIENT_BYTES
+    assert [grid.predict(n, 4, resnet50).shape for n in (1088, 2176, 3456)] == [(64, 17), (68, 32), (72, 48)]
+    assert [grid.predict(n, 4, in_buckets).shape for n in (1088, 2176, 3456)] == [(32, 34), (64, 34), (64, 54)]
+    # equal times: fewer latency steps first, then the larger X
+    assert grid.predict(2, 2, resnet50).shape == (2, 1)
+    assert grid.predict(8, 8, resnet50).shape == (4, 2)
+
+
+def test_a_given_grid_overrides_the_model():
+    choice = grid.predict(8, 4, [1e6], shape=(1, 8))
+    assert choice.shape == (1, 8) and choice.source == "--torus-shape"
+    assert "torus2d grid 1x8 (from --torus-shape for 8 ranks, 4 per node on 2 nodes)" in choice.describe()
+    with pytest.raises(UserError, match="has 6 ranks but the job has 8"):
+        grid.predict(8, 4, [1e6], shape=(2, 3))
+
+
+def test_the_layout_comes_from_the_node_communicator():
+    assert run_checks("check_grid.py", 8, timeout=90).startswith("8 ranks passed")
+    assert run_checks("check_grid.py", 4, env={"MINIDL_RANKS_PER_NODE": "2"}, timeout=90).startswith("4 ranks passed")

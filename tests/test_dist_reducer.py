@@ -132,3 +132,26 @@ def test_bucket_bounds_cover_the_buffer_from_its_end():
     # 16 bytes / 4-byte items = 4 elements, rounded down to the alignment 3
     assert bucket_bounds(10, 4, 16 / (1 << 20), 3) == [(9, 10), (6, 9), (3, 6), (0, 3)]
     assert bucket_bounds(10, 4, 1e-9, 4) == [(8, 10), (4, 8), (0, 4)]
+
+
+def test_hooks_tell_when_each_bucket_is_final_and_when_its_stages_run():
+    nn.manual_seed(0)
+    model = TiedNet()
+    optimizer, _, reducer = reducer_for(model, 0.0002)
+    log = []
+    reducer.on_final = lambda k: log.append(("final", k))
+    for k, plan in enumerate(reducer.plans):
+        plan.on_stage = lambda index, moment, k=k: log.append((moment, k, index))
+    buckets = len(reducer.plans)
+    assert buckets > 1
+    for overlapped in (True, False):
+        log.clear()
+        optimizer.zero_grad()
+        reducer.backward(loss_of(model)) if overlapped else loss_of(model).backward()
+        during_backward = len(log)
+        reducer.wait()
+        for k in range(buckets):  # one ring stage per bucket
+            assert [entry for entry in log if entry[1] == k] == \
+                [("final", k), ("start", k, 0), ("issued", k, 0), ("done", k, 0)]
+        assert [entry[1] for entry in log if entry[0] == "start"] == list(range(buckets))  # launch order
+        assert (during_backward > 0) == overlapped  # a plain backward leaves everything to wait()

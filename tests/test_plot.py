@@ -92,13 +92,15 @@ def run_main(capsys, argv):
     ("bad_json", ["metrics.jsonl line 3 is not JSON", "fix or delete"]),
     ("not_object", ["metrics.jsonl line 2 is not a JSON object with a numeric 'epoch'"]),
     ("bad_steps", ["steps.jsonl line 1 is not a JSON object with a numeric 'iteration'"]),
+    ("bad_trace", ["trace.json is not a trace written by --trace-steps", "trace again"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, problem, words):
     rows = "".join(json.dumps(row) + "\n" for row in metrics_rows())
     contents = {"no_metrics": {}, "empty_metrics": {"metrics.jsonl": "\n"},
                 "bad_json": {"metrics.jsonl": rows.replace('"epoch": 3,', '"epoch": 3')},
                 "not_object": {"metrics.jsonl": rows.replace(json.dumps(metrics_rows()[1]), "[1, 2]")},
-                "bad_steps": {"metrics.jsonl": rows, "steps.jsonl": '{"epoch": 0.1}\n'}}.get(problem, {})
+                "bad_steps": {"metrics.jsonl": rows, "steps.jsonl": '{"epoch": 0.1}\n'},
+                "bad_trace": {"metrics.jsonl": rows, "trace.json": '{"traceEvents": [{"ph": "X"}]}'}}.get(problem, {})
     for name, text in contents.items():
         (tmp_path / name).write_text(text)
     target = tmp_path / "missing" if problem == "no_dir" else tmp_path

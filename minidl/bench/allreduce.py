@@ -7,7 +7,8 @@ bandwidth (× 2(p−1)/p, the bytes each rank's links really carry in a ring), a
 MPI's native all-reduce time on the same buffer in the same run (> 1: faster than native).
 
 `--model` prints the alpha–beta cost model's predictions (minidl/distributed/costmodel.py) for
-ResNet-50's gradient on the GPU counts of the Sony runs, and needs no MPI;
+ResNet-50's gradient on the GPU counts of the Sony runs, and the torus grid a training run
+would choose there (minidl/distributed/grid.py), and needs no MPI;
 `--model --calibrate FILE` also fits the model to a `--json` file of this benchmark.
 """
 import argparse
@@ -18,7 +19,7 @@ import time
 import numpy
 
 from minidl import distributed
-from minidl.distributed import costmodel
+from minidl.distributed import costmodel, grid
 from minidl.errors import UserError
 
 MB = 1 << 20
@@ -130,6 +131,11 @@ def print_model(args):
                   f"{costmodel.seconds(phases, machine) * 1e3:>9.2f}")
         print("        latency steps: ring 2(XY−1) = " f"{2 * (ranks - 1)}, torus 2(X−1)+2(Y−1) = "
               + ", ".join(f"{2 * (x - 1) + 2 * (y - 1)} ({x}x{y})" for x, y in grids))
+        for bucket_mb in (25, 0):
+            choice = grid.predict(ranks, machine.gpus_per_node, grid.bucket_sizes(nbytes, bucket_mb))
+            (x, y), seconds = choice.predicted["chosen"]
+            print(f"        a run's default grid, {f'{bucket_mb} MiB buckets' if bucket_mb else 'one bucket'}: "
+                  f"{x}x{y} {seconds * 1e3:.2f} ms")
     print("hierarchical = the torus with one node per row; halving-doubling counts the fold of the ranks "
           "beyond a power of two (2 steps of the whole buffer)")
     return 0

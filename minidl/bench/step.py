@@ -10,7 +10,10 @@ cuDNN, channels_last and bf16 autocast; minidl runs in fp32 unless `--amp` (bf16
 the like-for-like comparison), and `--cuda-graph` replays its whole step from a CUDA graph. With
 either flag minidl's step is the trainer's device step (minidl.training.device_step: a uint8 batch
 normalized on the device, the loss kept there).
-`--profile` adds where minidl's step time goes, per operation.
+`--profile` adds where minidl's step time goes, per operation. `--trace` also times minidl's
+step while the --trace-steps recorder (minidl.training.recorder) records every module's forward
+and every Function's backward, alternating with the untraced step (its hooks unset, as in every
+run without --trace-steps): what tracing costs.
 """
 import argparse
 import json
@@ -35,6 +38,7 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--profile", action="store_true", help="print minidl's time per operation")
+    p.add_argument("--trace", action="store_true", help="time minidl's step with tracing on too")
     p.add_argument("--amp", action="store_true", help="minidl in bf16 (GPU only)")
     p.add_argument("--cuda-graph", action="store_true", help="replay minidl's step from a CUDA graph (GPU only)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
@@ -69,7 +73,22 @@ def minidl_step(args):
         ops.softmax_cross_entropy(model(x), labels).backward()
         optimizer.step()
         synchronize(args.device)
+    step.model = model
     return step
+
+
+def traced(step):
+    """`step` with the trace recorder running: its hooks set, its intervals read back and dropped."""
+    from minidl.training.recorder import TraceRecorder
+    from minidl.training.timer import StepTimer
+    recorder = TraceRecorder(step.model, StepTimer(synchronize=lambda: None))
+
+    def traced_step():
+        recorder.start()
+        step()
+        recorder.stop()
+        recorder.collect()
+    return traced_step
 
 
 def minidl_device_step(args, model, optimizer, rng):
@@ -89,6 +108,7 @@ def minidl_device_step(args, model, optimizer, rng):
         (graphed or device_step)(images, labels)
         synchronize(args.device)
     step.pools = [cupy.get_default_memory_pool()] + ([graphed.cuda.pool] if graphed else [])
+    step.model = model
     return step
 
 
@@ -199,11 +219,13 @@ def main(argv):
     for flag, wanted in (("--amp", args.amp), ("--cuda-graph", args.cuda_graph)):
         if wanted:
             require_gpu(flag)
-    if args.profile and args.cuda_graph:
-        raise UserError("--profile times each operation from Python, which a replayed CUDA graph does not run: "
-                        "drop --profile or --cuda-graph")
+    for flag, wanted in (("--profile", args.profile), ("--trace", args.trace)):
+        if wanted and args.cuda_graph:
+            raise UserError(f"{flag} times each operation from Python, which a replayed CUDA graph does not run: "
+                            f"drop {flag} or --cuda-graph")
     threads = thread_count(args)
     steps = [minidl_step(args)] + ([torch_step(args, threads)] if args.vs_torch else [])
+    steps += [traced(steps[0])] if args.trace else []
     seconds = measure(steps, args.warmup, args.iters)
     result = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
               "device": args.device, "amp": args.amp, "cuda_graph": args.cuda_graph, "threads": threads,
@@ -212,6 +234,9 @@ def main(argv):
     from minidl import environment
     if environment.value(UNSET_NOTE):
         result["unset_env"] = environment.value(UNSET_NOTE)
+    if args.trace:
+        result.update(traced_step_ms=1e3 * seconds[-1], traced_img_per_s=args.batch_size / seconds[-1],
+                      trace_overhead=seconds[-1] / seconds[0] - 1)
     if args.vs_torch:
         result.update(torch_step_ms=1e3 * seconds[1], torch_img_per_s=args.batch_size / seconds[1],
                       torch_peak_mb=peak_memory_mb(args, "torch"))
@@ -237,5 +262,9 @@ def print_table(result):
     for name in ("minidl", "torch") if "torch_img_per_s" in result else ("minidl",):
         print(f"{name:8}{result[name + '_img_per_s']:>10.1f}{result[name + '_step_ms']:>10.1f}"
               f"{result[name + '_peak_mb']:>10.0f}")
+    if "traced_step_ms" in result:
+        print(f"{'traced':8}{result['traced_img_per_s']:>10.1f}{result['traced_step_ms']:>10.1f}")
+        print(f"tracing on: {100 * result['trace_overhead']:+.1f}% step time (minidl's step alternating with and "
+              "without the recorder)")
     if "ratio" in result:
         print(f"minidl/torch: {result['ratio']:.2f}x img/s, {result['memory_ratio']:.2f}x peak memory")

@@ -36,11 +36,14 @@ per rank (not reduced): rank 0's are the ones saved.
 With one rank (a plain `python train.py`) no MPI is needed: the same calls work and every
 collective is a no-op. Only `comm.rank == 0` should print or write files.
 """
-from minidl.distributed.allreduce import ALGORITHMS, AllReduce, parse_shape, square_grid
+from minidl.distributed.allreduce import ALGORITHMS, AllReduce
+from minidl.distributed.clock import clock_offsets
 from minidl.distributed.comm import BACKENDS, Communicator
+from minidl.distributed.grid import choose_grid, parse_shape, square_grid
 from minidl.distributed.launch import launched_by_mpi
 from minidl.distributed.reducer import GradientReducer
 from minidl.distributed.world import broadcast_state, init, install_abort_hook
 
 __all__ = ["ALGORITHMS", "AllReduce", "BACKENDS", "Communicator", "GradientReducer", "broadcast_state",
-           "init", "install_abort_hook", "launched_by_mpi", "parse_shape", "square_grid"]
+           "choose_grid", "clock_offsets", "init", "install_abort_hook", "launched_by_mpi", "parse_shape",
+           "square_grid"]

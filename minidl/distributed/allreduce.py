@@ -19,38 +19,20 @@ by their order alone.
 
 A `Plan` is one all-reduce of one buffer, stage by stage: `run()` blocks; the gradient
 reducer steps it instead (`begin`, `ready`, `advance`, `finish`) to overlap it with backward.
+Each `Stage` names the group it runs on: "world" (ring), "row" and "column" (torus2d),
+"node" and "nodes" (hierarchical: within the node, across the nodes). A plan's `on_stage`
+(None by default) is called as on_stage(index, moment) while it is stepped: "start" just
+before stage `index` is issued, "issued" just after, "done" when it is first seen complete.
 """
-import math
+from typing import NamedTuple
 
 from minidl.backend import get_array_module
 from minidl.distributed.comm import DONE
+from minidl.distributed.grid import check_shape, square_grid
 from minidl.errors import UserError
 from minidl.intmath import round_up
 
 ALGORITHMS = ("ring", "hierarchical", "torus2d")
-
-
-def parse_shape(text):
-    """'4x2' -> (4, 2), for a --torus-shape flag."""
-    parts = str(text).lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise UserError(f"torus shape {text!r} is not XxY with positive integers: write e.g. 4x2")
-    return int(parts[0]), int(parts[1])
-
-
-def square_grid(size):
-    """(X, Y) with X·Y = size, X ≤ Y and X as large as possible: the grid with the fewest steps."""
-    x = max(d for d in range(1, math.isqrt(size) + 1) if size % d == 0)
-    return x, size // x
-
-
-def check_shape(shape, size):
-    x, y = shape
-    if x * y != size:
-        options = ", ".join(f"{d}x{size // d}" for d in range(1, size + 1) if size % d == 0)
-        raise UserError(f"torus shape {x}x{y} has {x * y} ranks but the job has {size}: use one of "
-                        f"{options}, or leave the shape out to take the squarest")
-    return x, y
 
 
 class AllReduce:
@@ -65,12 +47,15 @@ class AllReduce:
         self.shape = check_shape(shape or square_grid(comm.size), comm.size) if algorithm == "torus2d" else None
         if algorithm == "ring":
             inner, outer = None, comm
+            self.groups = (None, "world")
         elif algorithm == "hierarchical":
             inner, outer = comm.node_comm, _cross_node(comm)
+            self.groups = ("node", "nodes")
         else:
             x = self.shape[0]
             inner = comm.split(comm.rank // x, comm.rank % x)
             outer = comm.split(comm.rank % x, comm.rank // x)
+            self.groups = ("row", "column")
         inner = inner if inner is not None and inner.size > 1 else None
         outer = outer if outer.size > 1 else None
         # private duplicates: no other collective on these groups can slip between the stages
@@ -108,14 +93,15 @@ class AllReduce:
         scratch = scratch or _new_scratch
         padded = round_up(buffer.size, self.alignment)
         work = buffer if padded == buffer.size else scratch("padded", padded, buffer)
+        inner, outer = self.groups
         if self.inner is None:
-            stages = [(self.outer, "allreduce", work, work)] if self.outer is not None else []
+            stages = [Stage(outer, self.outer, "allreduce", work, work)] if self.outer is not None else []
         else:
             shard = scratch("shard", padded // self.alignment, buffer)
-            stages = [(self.inner, "reduce_scatter", work, shard)]
+            stages = [Stage(inner, self.inner, "reduce_scatter", work, shard)]
             if self.outer is not None:
-                stages.append((self.outer, "allreduce", shard, shard))
-            stages.append((self.inner_gather, "allgather", shard, work))
+                stages.append(Stage(outer, self.outer, "allreduce", shard, shard))
+            stages.append(Stage(inner, self.inner_gather, "allgather", shard, work))
         return Plan(buffer, work, stages)
 
 
@@ -134,25 +120,41 @@ def _cross_node(comm):
     return comm.cross_node_comm
 
 
+class Stage(NamedTuple):
+    """One collective of a plan: `op` over `comm`, the group called `group`, from src to dst."""
+    group: str
+    comm: object
+    op: str
+    src: object
+    dst: object
+
+    @property
+    def nbytes(self):
+        """The size of the buffer the stage reduces or gathers (the larger of its two ends)."""
+        return max(self.src.nbytes, self.dst.nbytes)
+
+
 class Plan:
-    """One all-reduce of one buffer as a chain of collectives (comm, op, src, dst)."""
+    """One all-reduce of one buffer as a chain of collectives (Stages)."""
 
     def __init__(self, buffer, work, stages):
         self.buffer, self.work, self.stages = buffer, work, stages
         self.next = 0  # the stage to start next
         self.request = DONE
+        self.on_stage = None
+        self._seen_done = 0  # stages whose completion on_stage has been told
 
     def run(self):
         """Reduce now, blocking."""
         self._prepare()
-        for comm, op, src, dst in self.stages:
-            comm.run(op, src, dst)
+        for stage in self.stages:
+            stage.comm.run(stage.op, stage.src, stage.dst)
         self._finish()
 
     # stepwise, non-blocking: begin(), then advance() after ready() while stages remain, finish()
 
     def begin(self):
-        self.next, self.request = 0, DONE
+        self.next, self.request, self._seen_done = 0, DONE, 0
         self._prepare()
         if self.stages:
             self.advance()
@@ -165,19 +167,27 @@ class Plan:
         """Whether the running stage has completed (with block=True: once it has)."""
         if block:
             self.request.wait()
-            return True
-        return self.request.test()
+        elif not self.request.test():
+            return False
+        if self.on_stage is not None and self._seen_done < self.next:
+            self._seen_done = self.next
+            self.on_stage(self.next - 1, "done")
+        return True
 
     def advance(self):
         """Start the next stage."""
-        comm, op, src, dst = self.stages[self.next]
-        self.request = comm.start(op, src, dst)
+        stage = self.stages[self.next]
+        if self.on_stage is not None:
+            self.on_stage(self.next, "start")
+        self.request = stage.comm.start(stage.op, stage.src, stage.dst)
+        if self.on_stage is not None:
+            self.on_stage(self.next, "issued")
         self.next += 1
 
     def finish(self):
         """After the last stage has started: wait for it (on a GPU the compute stream waits),
         then copy the result out of the padded scratch."""
-        self.request.wait()
+        self.ready(block=True)
         self._finish()
 
     def _prepare(self):

@@ -153,8 +153,15 @@ class Communicator:
             if dst is not src:
                 dst[...] = src
             return None
-        on_device = not isinstance(dst, numpy.ndarray)
-        return self._nccl if self._nccl is not None and on_device else self._mpi
+        return self._nccl if self._on_nccl(dst) else self._mpi
+
+    def _on_nccl(self, buffer):
+        return self._nccl is not None and not isinstance(buffer, numpy.ndarray)
+
+    def stream_for(self, buffer):
+        """The device stream that collectives on `buffer` run on (NCCL's), or None where the
+        host carries them (MPI, or this rank alone)."""
+        return self._nccl.stream if self.size > 1 and self._on_nccl(buffer) else None
 
     def sum(self, values):
         """The SUM over ranks of a few numbers (losses, counts), as a float64 NumPy array."""
@@ -165,6 +172,10 @@ class Communicator:
     def allgather_object(self, value):
         """Every rank's `value` (any picklable object), in rank order."""
         return self.mpi.allgather(value) if self.size > 1 else [value]
+
+    def gather_object(self, value, root=0):
+        """On rank `root`, every rank's `value` in rank order; None on the others."""
+        return self.mpi.gather(value, root=root) if self.size > 1 else [value]
 
     def barrier(self):
         if self.size > 1:

@@ -11,6 +11,12 @@ gradient, leaves its bucket to `wait()`). Buckets launch strictly in order, and 
 bucket's next stage starts only after the previous bucket has started that stage, so every
 rank issues the same collectives in the same order on each communicator, whatever the timing.
 
+`launched_at` is the host time (time.perf_counter) the current or last reduction launched its
+first bucket. `on_final` (None by default) is called as on_final(k) once per reduction, when
+bucket k's gradients have become final; each plan's `on_stage` tells of its stages
+(minidl.distributed.allreduce). Running stages are tested at every gradient delivered, the
+last stage of a bucket too: a test lets MPI progress the collective and tells when it is done.
+
 Without `backward(loss)` (plain `loss.backward()`), `wait()` launches every bucket after the
 fact: the same collectives on the same data, so the overlapped and the non-overlapped paths
 give bit-identical results. (Against ONE all-reduce of the whole buffer, bucketing changes
@@ -18,6 +24,7 @@ only how the MPI/NCCL library may group the additions of more than two ranks: eq
 float rounding, bit for bit with two ranks.)
 """
 import functools
+import time
 
 MEGABYTE = 1 << 20
 
@@ -63,6 +70,7 @@ class GradientReducer:
         self.allreduce, self.flat = allreduce, flat
         grad = flat.grad
         bounds = bucket_bounds(grad.size, grad.itemsize, bucket_mb, allreduce.alignment)
+        self.bounds = bounds  # (start, stop) of each bucket in flat.grad, in launch order
         self.plans = [allreduce.plan(grad[start:stop]) for start, stop in bounds]
         # the buckets each parameter overlaps
         self._buckets_of = [[k for k, (start, stop) in enumerate(bounds) if begin < stop and start < end]
@@ -71,7 +79,10 @@ class GradientReducer:
         self._remaining = None  # per parameter: gradients still to come; None while not armed
         self._missing = [0] * len(self.plans)  # per bucket: parameters without their final gradient
         self._launched = 0  # buckets launched so far this step (a prefix of self.plans)
+        self._armed = False  # whether backward(loss) counted this reduction's gradients
         self.launched_in_backward = 0  # how many of them started before backward returned
+        self.launched_at = None
+        self.on_final = None
         for i, p in enumerate(flat.params):
             p.grad_hook = functools.partial(self._on_gradient, i)
 
@@ -92,6 +103,8 @@ class GradientReducer:
         for i, left in enumerate(self._remaining):
             for k in self._buckets_of[i]:
                 self._missing[k] += left > 0
+        self._armed = True
+        self._tell_final(range(len(self.plans)))
         self._launch_ready()
         try:
             loss.backward()
@@ -103,10 +116,12 @@ class GradientReducer:
         """Complete the reduction: flat.grad then holds the SUM over ranks of their gradients."""
         if not self.active:
             return
+        not_final = [k for k, missing in enumerate(self._missing) if missing or not self._armed]
         self._missing = [0] * len(self.plans)  # backward is over: every gradient is final
+        self._tell_final(not_final)
         self._launch_ready()
         self._progress(block=True)
-        self._launched = 0
+        self._launched, self._armed = 0, False
 
     def close(self):
         """Remove the hooks from the parameters."""
@@ -123,11 +138,21 @@ class GradientReducer:
         if self._remaining[i] == 0:
             for k in self._buckets_of[i]:
                 self._missing[k] -= 1
+            self._tell_final(self._buckets_of[i])
             self._launch_ready()
         self._progress(block=False)
 
+    def _tell_final(self, buckets):
+        """on_final(k) for each of `buckets` whose gradients are final now."""
+        if self.on_final is not None:
+            for k in buckets:
+                if self._missing[k] == 0:
+                    self.on_final(k)
+
     def _launch_ready(self):
         while self._launched < len(self.plans) and self._missing[self._launched] == 0:
+            if self._launched == 0:
+                self.launched_at = time.perf_counter()
             self.plans[self._launched].begin()
             self._launched += 1
 
@@ -138,7 +163,7 @@ class GradientReducer:
         not happen while backward still has work to queue."""
         for k in range(self._launched):
             plan, earlier = self.plans[k], self.plans[k - 1] if k else None
-            while plan.stages_left and plan.ready(block):
+            while plan.ready(block) and plan.stages_left:
                 if earlier is not None and earlier.next <= plan.next:
                     break  # the previous bucket must start this stage first
                 plan.advance()

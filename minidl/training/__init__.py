@@ -8,4 +8,6 @@
     state        the run's state as a checkpoint, and its restore; position: where a run is
     outputs      config/metrics/steps/summary files, banner, progress bar
     timer        where a step's time goes; preemption: SIGTERM/SIGINT as a stop request
+    trace        --trace-steps: the window of traced steps; recorder: one rank's timeline;
+                 chrome_trace: the ranks' timelines as one Chrome Trace Event file
 """

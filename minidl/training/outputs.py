@@ -4,7 +4,8 @@ every method does nothing (the progress bar is disabled).
     config.json     the effective configuration and the MINIDL_* environment it ran with
     ranks.json      rank -> host and PID (a launcher reports a dead process by its PID)
     metrics.jsonl   one object per epoch
-    steps.jsonl     every --print-freq steps: loss, rate, img/s, the step's time split
+    steps.jsonl     every --print-freq steps: loss, rate, img/s, the step's time split and, with
+                    several ranks, its communication
     autotune.json   on a GPU: the convolution kernel plans the autotuner chose (minidl.kernels)
     summary.json    the final epoch, model, epochs, world size, global batch, wall time
 
@@ -17,6 +18,7 @@ from tqdm import tqdm
 
 from minidl.backend import xp
 from minidl.fileio import append_json_line, write_bytes_atomic, write_json_atomic
+from minidl.training.timer import PHASES
 
 
 def keep_log_lines(path, keep):
@@ -31,6 +33,9 @@ def summary_line(metrics, epochs):
             f"val loss {metrics['val_loss']:.4f}  top1 {100 * metrics['val_top1']:.2f}%  "
             f"top5 {100 * metrics['val_top5']:.2f}%  lr {metrics['lr']:.4g}  "
             f"batch {metrics['global_batch']}  {metrics['images_per_sec']:.0f} img/s  {metrics['seconds']:.1f} s")
+    if "communication_seconds" in metrics:
+        line += (f"  all-reduce {1e3 * metrics['communication_seconds']:.0f} ms/step, "
+                 f"{1e3 * metrics['allreduce_seconds']:.0f} ms exposed")
     skipped = metrics["train_skipped"] + metrics["val_skipped"]
     return line + (f"  ({skipped} undecodable images skipped)" if skipped else "")
 
@@ -73,14 +78,15 @@ class RunOutputs:
         return tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}/{epochs}", unit="step", leave=False,
                     dynamic_ncols=True, disable=not self.is_root)
 
-    def steps(self, bar, record, split):
+    def steps(self, bar, record):
         """A steps.jsonl line and the progress bar's status: loss, rate, img/s, the time split."""
         if not self.is_root:
             return
         append_json_line(self.steps_path, record)
-        times = "/".join(f"{1e3 * seconds:.0f}" for seconds in split.values())
+        times = "/".join(f"{1e3 * record[phase]:.0f}" for phase in PHASES)
+        communication = f", all-reduce {1e3 * record['communication']:.0f} ms" if "communication" in record else ""
         bar.set_postfix_str(f"loss {record['loss']:.4f}, lr {record['lr']:.4g}, {record['img_per_s']:.0f} img/s, "
-                            f"ms {'/'.join(split)} {times}")
+                            f"ms {'/'.join(PHASES)} {times}{communication}")
 
     def epoch(self, metrics, epochs):
         if self.is_root:

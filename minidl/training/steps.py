@@ -11,7 +11,8 @@ The loop drives a step as
 
 and both add what they see into the epoch's `totals` (EpochTotals): every micro-batch's images,
 and its loss times its images, in micro-batch order (eager) or whenever the device's sum is
-read (`settle`, graphed). The timer (minidl.training.timer) is charged the phases of each.
+read (`settle`, graphed). The timer (minidl.training.timer) is charged the phases of each,
+and the eager step's reduction, from its first bucket's launch to its end, as "communication".
 """
 import math
 
@@ -50,6 +51,8 @@ class EagerStep:
     def end(self, check):
         self.reducer.wait()
         self.timer.mark("allreduce")
+        if self.reducer.active:
+            self.timer.add_since("communication", self.reducer.launched_at)
         return self.nonfinite
 
     def update(self):

@@ -1,0 +1,7 @@
+"""Clock offsets between ranks by ping-pong with rank 0 (tests/mpi/check_clock.py), against the
+known offsets of deliberately shifted clocks."""
+from mpi.launch import run_checks
+
+
+def test_offsets_from_rank_0_lie_within_their_uncertainty():
+    assert run_checks("check_clock.py", 3, timeout=60).startswith("3 ranks passed")
