@@ -34,9 +34,14 @@
 // 16-byte stores, in the data type or, when the reduction is split over blockIdx.z (split-K:
 // grids too small to fill the GPU, and grad-weight's long reduction), as fp32 partial tiles
 // that splitk_reduce_v2 sums in a fixed order: the result does not depend on scheduling.
+//
+// Batch norm fused in (the FUSE template argument of each kernel; kernels/conv_v2_norm.cuh):
+// forward and grad-weight may read relu(x·scale + shift) for x, forward may give its output's
+// moments, grad-input may mask its output by a ReLU and give the batch norm's backward sums.
 #include <cuda_bf16.h>
 
 #include "ptx.cuh"
+#include "conv_v2_norm.cuh"
 
 #ifndef DYNAMIC_SHARED_MEMORY  // the CPU emulator (tests/kernels/emu) defines its own
 #define DYNAMIC_SHARED_MEMORY(type, name)                                    \
@@ -181,6 +186,18 @@ struct WalkOffset {
     }
 };
 
+// The epilogue: the staged tile's rows and columns inside the product to `out`, 16 bytes a store
+template <class Cfg, class Pass, class Out>
+__device__ void write_tile(const Pass& pass, const Out* tile, Out* out) {
+    using Tile = StagedTile<Cfg, Out>;
+    for (int index = threadIdx.x; index < Cfg::BM * Tile::ROW_CHUNKS; index += Cfg::THREADS) {
+        int row = index / Tile::ROW_CHUNKS, col = index % Tile::ROW_CHUNKS * Tile::EPC;
+        int m = pass.m0 + row, n = pass.n0 + col;
+        if (m < pass.rows && n < pass.columns)
+            *reinterpret_cast<int4*>(out + pass.out_row(m) + n) = *reinterpret_cast<const int4*>(tile + row * Tile::PITCH + col);
+    }
+}
+
 // ---- the passes: their operands, tile ranges and outputs ------------------------------------------
 // Each pass fills a stage with the block's next k-tile (`load(a_tile, b_tile)`) and says where
 // output row m goes (`out_row`, an element offset). A slot whose row lies past the product's
@@ -191,10 +208,19 @@ template <class Cfg>
 struct PassBase {
     using T = typename Cfg::T;
     Geometry g;
-    int m0, n0, rows, columns;  // the block's tile; the product's M and N
+    int m0, n0, rows, columns;  // the block's tile; the product's M (or its group's last row + 1) and N
+    int group = 0;  // the block's statistics group (forward, grad-input)
     int tiles_begin = 0, tiles = 0;  // the block's k-tiles
     int split = 0;  // which share of the reduction
     __device__ PassBase(const Geometry& g_) : g(g_), m0(blockIdx.x * Cfg::BM), n0(blockIdx.y * Cfg::BN) {}
+    // blockIdx.x = group · tiles + tile over `total_rows` rows of `image_rows` per image: the
+    // block's rows lie in its group, and `rows` ends there
+    __device__ void tile_groups(GroupTiling groups, int image_rows, int total_rows) {
+        group = int(blockIdx.x) / groups.tiles;
+        int group_rows = groups.images * image_rows;
+        m0 = group * group_rows + int(blockIdx.x) % groups.tiles * Cfg::BM;
+        rows = min(total_rows, (group + 1) * group_rows);
+    }
     // this block's share of `total` k-tiles over `splits` splits (split `split_`)
     __device__ void split_range(int total, int split_, int splits) {
         split = split_;
@@ -240,19 +266,35 @@ struct WalkedPass : PassBase<Cfg> {
 template <class Cfg>
 using KMajor = ColumnSlots<Cfg::THREADS, Cfg::BM, Cfg::BK / Cfg::EPC>;
 
+// What a kernel's fused parts take (kernels/conv_v2_norm.cuh): the input's batch norm
+// (FUSE_NORMALIZE, FUSE_DRELU), grad-input's y (FUSE_DRELU), the slabs of sums (FUSE_STATS,
+// FUSE_DRELU) and the statistics groups
+template <class T>
+struct NormArgs {
+    const float* norm;
+    const T* y;
+    float* sums;
+    GroupTiling groups;
+};
+
 // Forward: Y[npq, k] = Σ_{r,s,c} X[n, p·st − pad + r, q·st − pad + s, c] · W[k, r, s, c].
 // A: x at the output pixel's window; B: w's rows, K-major.
-template <class Cfg>
+template <class Cfg, int FUSE>
 struct FwdPass : WalkedPass<Cfg, KMajor<Cfg>, ColumnSlots<Cfg::THREADS, Cfg::BN, Cfg::BK / Cfg::EPC>> {
     using Base = WalkedPass<Cfg, KMajor<Cfg>, ColumnSlots<Cfg::THREADS, Cfg::BN, Cfg::BK / Cfg::EPC>>;
     using T = typename Cfg::T;
     using ASlots = typename Base::ASlots;
     using BSlots = typename Base::BSlots;
-    static constexpr bool A_K_MAJOR = true, B_K_MAJOR = true;
+    static constexpr bool A_K_MAJOR = true, B_K_MAJOR = true, NORMALIZES = FUSE & FUSE_NORMALIZE;
+    FilterWalk consumed;  // FUSE_NORMALIZE: where the tile that normalize() rewrites next was read
+    SharedAddress table;  // FUSE_NORMALIZE: the block's group's [scale | shift][C] of T
+    NormArgs<T> fused;
 
-    __device__ FwdPass(const Geometry& g_, const T* x, const T* w) : Base(g_, x, w) {
+    __device__ FwdPass(const Geometry& g_, const T* x, const T* w, const NormArgs<T>& fused_)
+        : Base(g_, x, w), fused(fused_) {
         const Geometry& g = this->g;
-        this->rows = g.npq(), this->columns = g.K;
+        this->tile_groups(fused.groups, g.P * g.Q, g.npq());
+        this->columns = g.K;
         this->walk = FilterWalk(g.C / Cfg::BK, g.S);
         this->split_range(g.R * g.S * (g.C / Cfg::BK), blockIdx.z, gridDim.z);
         for (int i = 0; i < ASlots::COUNT; ++i) {
@@ -268,8 +310,32 @@ struct FwdPass : WalkedPass<Cfg, KMajor<Cfg>, ColumnSlots<Cfg::THREADS, Cfg::BN,
         this->a_offset = {0, Cfg::BK, 0, (g.W - g.S) * g.C};
         this->b_offset = {0, Cfg::BK, 0, 0};
         this->start();
+        consumed = this->walk;
     }
     __device__ long long out_row(int m) const { return (long long)m * this->g.K; }
+    // FUSE_NORMALIZE: the table, written by the whole block (a barrier must follow)
+    __device__ void build_table(unsigned char* at) {
+        const Geometry& g = this->g;
+        T* t = reinterpret_cast<T*>(at);
+        const float* scale = norm_row(fused.norm, this->group, NORM_SCALE, g.C);
+        const float* shift = norm_row(fused.norm, this->group, NORM_SHIFT, g.C);
+        for (int c = threadIdx.x; c < g.C; c += Cfg::THREADS) t[c] = from_float<T>(scale[c]), t[g.C + c] = from_float<T>(shift[c]);
+        table = shared_address(t);
+    }
+    // FUSE_NORMALIZE: this thread's chunks of the next tile's A, whose copies have landed
+    __device__ void normalize(SharedAddress a_tile, SharedAddress) {
+        int c = consumed.block * Cfg::BK + ASlots::chunk() * Cfg::EPC;
+        ChunkAffine<T> affine(table + c * int(sizeof(T)), table + (this->g.C + c) * int(sizeof(T)));
+        for (int i = 0; i < ASlots::COUNT; ++i)
+            affine.apply(a_tile + ASlots::offset(i), (this->a_inside[i] & consumed.select) == consumed.select);
+        consumed.advance();
+    }
+    __device__ void finish(const T* tile, T* out, float* scratch) const {
+        write_tile<Cfg>(*this, tile, out);
+        if constexpr (FUSE & FUSE_STATS)
+            tile_moments<Cfg>(tile, min(Cfg::BM, this->rows - this->m0), this->n0, this->columns,
+                              fused.sums + (long long)blockIdx.x * 3 * this->columns, scratch);
+    }
 };
 
 // Grad-input, phase (ph, pw): the input pixels h = ph + i·st, w = pw + j·st receive the taps
@@ -279,23 +345,29 @@ struct FwdPass : WalkedPass<Cfg, KMajor<Cfg>, ColumnSlots<Cfg::THREADS, Cfg::BN,
 template <class Cfg>
 using DgradB = ColumnSlots<Cfg::THREADS, Cfg::BK, Cfg::BN / Cfg::EPC, !Cfg::BF16>;
 
-template <class Cfg>
+template <class Cfg, int FUSE>
 struct DgradPass : WalkedPass<Cfg, KMajor<Cfg>, DgradB<Cfg>> {
     using Base = WalkedPass<Cfg, KMajor<Cfg>, DgradB<Cfg>>;
     using T = typename Cfg::T;
     using ASlots = typename Base::ASlots;
     using BSlots = typename Base::BSlots;
-    static constexpr bool A_K_MAJOR = true, B_K_MAJOR = false;
+    static constexpr bool A_K_MAJOR = true, B_K_MAJOR = false, NORMALIZES = false;
     int ph, pw, phase_h, phase_w;
+    NormArgs<T> fused;
+    float* slab;  // FUSE_DRELU: this block's sums, [Σg | Σg(y − mean)][C]; a group's slabs are consecutive
 
-    __device__ DgradPass(const Geometry& g_, const T* dy, const T* w) : Base(g_, dy, w) {
+    __device__ DgradPass(const Geometry& g_, const T* dy, const T* w, const NormArgs<T>& fused_)
+        : Base(g_, dy, w), fused(fused_) {
         const Geometry& g = this->g;
         int st = g.stride, splits = int(gridDim.z) / (st * st), phase = int(blockIdx.z) / splits;
         ph = phase / st, pw = phase % st;
         int r0 = (ph + g.pad) % st, s0 = (pw + g.pad) % st;
         int taps_r = (g.R - r0 + st - 1) / st, taps_s = (g.S - s0 + st - 1) / st;
         phase_h = (g.H - ph + st - 1) / st, phase_w = (g.W - pw + st - 1) / st;
-        this->rows = g.N * phase_h * phase_w, this->columns = g.C;
+        this->tile_groups(fused.groups, phase_h * phase_w, g.N * phase_h * phase_w);
+        this->columns = g.C;
+        int slab_index = (this->group * st * st + phase) * fused.groups.tiles + int(blockIdx.x) % fused.groups.tiles;
+        slab = FUSE & FUSE_DRELU ? fused.sums + (long long)slab_index * 2 * g.C : nullptr;
         this->walk = FilterWalk(g.K / Cfg::BK, taps_s);
         this->split_range(taps_r * taps_s * (g.K / Cfg::BK), int(blockIdx.z) % splits, splits);
         int pb = (ph + g.pad - r0) / st, qb = (pw + g.pad - s0) / st;
@@ -321,14 +393,44 @@ struct DgradPass : WalkedPass<Cfg, KMajor<Cfg>, DgradB<Cfg>> {
         const Geometry& g = this->g;
         return (((long long)n * g.H + ph + i * g.stride) * g.W + pw + j * g.stride) * g.C;
     }
+    __device__ void finish(const T* tile, T* out, float* scratch) const {
+        if constexpr (FUSE & FUSE_DRELU) store_masked_with_sums<Cfg>(*this, tile, out, fused.y, fused.norm, slab, scratch);
+        else write_tile<Cfg>(*this, tile, out);
+    }
+};
+
+// A pixel of grad-weight's reduction and its (n, p, q), moved on BK pixels at a time without a
+// division; `window` says which filter rows (bit r) and columns (bit 16 + s) of its window lie
+// inside the image (none past the last pixel)
+struct PixelStep {  // what BK pixels add to (n, p, q)
+    int n, p, q;
+};
+template <int BK>
+struct PixelCursor {
+    int pixel, n, p, q;
+    PixelCursor() = default;
+    __device__ PixelCursor(int pixel_, const Geometry& g)
+        : pixel(pixel_), n(pixel_ / (g.Q * g.P)), p(pixel_ / g.Q % g.P), q(pixel_ % g.Q) {}
+    __device__ static PixelStep step(const Geometry& g) { return {BK / (g.Q * g.P), BK / g.Q % g.P, BK % g.Q}; }
+    __device__ void advance(const Geometry& g, const PixelStep& s) {
+        pixel += BK;
+        q += s.q, p += s.p, n += s.n;
+        if (q >= g.Q) q -= g.Q, ++p;
+        if (p >= g.P) p -= g.P, ++n;
+    }
+    __device__ int h0(const Geometry& g) const { return p * g.stride - g.pad; }
+    __device__ int w0(const Geometry& g) const { return q * g.stride - g.pad; }
+    __device__ unsigned window(const Geometry& g) const {
+        return pixel < g.npq() ? inside_bits(h0(g), g.R, g.H) | inside_bits(w0(g), g.S, g.W) << 16 : 0u;
+    }
 };
 
 // Grad-weight: dW[k, (r, s, c)] = Σ_{npq} dY[npq, k] · X[n, p·st − pad + r, q·st − pad + s, c],
 // the pixels (the reduction) split over blockIdx.z.
-template <class Cfg>
+template <class Cfg, int FUSE>
 struct WgradPass : PassBase<Cfg> {
     using T = typename Cfg::T;
-    static constexpr bool A_K_MAJOR = false, B_K_MAJOR = false;
+    static constexpr bool A_K_MAJOR = false, B_K_MAJOR = false, NORMALIZES = FUSE & FUSE_NORMALIZE;
     static constexpr int A_CHUNKS = Cfg::BM / Cfg::EPC, B_CHUNKS = Cfg::BN / Cfg::EPC;
     using ASlots = ColumnSlots<Cfg::THREADS, Cfg::BK, A_CHUNKS, !Cfg::BF16>;
     using BSlots = RowSlots<Cfg::THREADS, Cfg::BK, B_CHUNKS, !Cfg::BF16>;
@@ -338,11 +440,15 @@ struct WgradPass : PassBase<Cfg> {
     int b_position[BSlots::COUNT];  // the column's (r·W + s)·C + c: its offset from a window origin
     int b_offset[BSlots::COUNT];  // the chunk's place in shared memory
     unsigned b_select[BSlots::COUNT];  // the column's bits (r, 16 + s) in the pixel's window mask
-    int pixel, n, p, q;  // this thread's pixel of the current k-tile, and its (n, p, q)
-    int step_n, step_p, step_q;  // what BK pixels add to (n, p, q)
+    PixelCursor<Cfg::BK> loading, consumed;  // this thread's pixel of the tile loaded next, normalized next
+    PixelStep step;
+    int consumed_group, group_end;  // FUSE_NORMALIZE: the consumed pixel's group, the image after it
+    SharedAddress table;  // FUSE_NORMALIZE: every group's [scale | shift][BN] of T for the block's columns
     int a_delta;
+    NormArgs<T> fused;
 
-    __device__ WgradPass(const Geometry& g_, const T* x_, const T* dy_) : PassBase<Cfg>(g_), x(x_), dy(dy_) {
+    __device__ WgradPass(const Geometry& g_, const T* x_, const T* dy_, const NormArgs<T>& fused_)
+        : PassBase<Cfg>(g_), x(x_), dy(dy_), fused(fused_) {
         const Geometry& g = this->g;
         this->rows = g.K, this->columns = g.rsc();
         int total = (g.npq() + Cfg::BK - 1) / Cfg::BK;
@@ -358,27 +464,49 @@ struct WgradPass : PassBase<Cfg> {
             b_offset[i] = BSlots::offset(i);
             b_select[i] = inside ? 1u << r | 1u << (16 + s) : ~0u;  // past the edge: no window has it (zeros)
         }
-        pixel = this->tiles_begin * Cfg::BK + BSlots::row();
-        q = pixel % g.Q, p = pixel / g.Q % g.P, n = pixel / (g.Q * g.P);
-        step_q = Cfg::BK % g.Q, step_p = Cfg::BK / g.Q % g.P, step_n = Cfg::BK / (g.Q * g.P);
+        loading = consumed = PixelCursor<Cfg::BK>(this->tiles_begin * Cfg::BK + BSlots::row(), g);
+        step = PixelCursor<Cfg::BK>::step(g);
+        consumed_group = consumed.n / fused.groups.images, group_end = (consumed_group + 1) * fused.groups.images;
         a_delta = this->tiles_begin * Cfg::BK * g.K;
     }
     __device__ void load(SharedAddress a_tile, SharedAddress b_tile) {
         const Geometry& g = this->g;
         // past the last pixel dY's rows repeat it: B's rows there are zeros, so they add nothing
         for (int i = 0; i < ASlots::COUNT; ++i) copy_chunk(a_tile, ASlots::offset(i), dy, min(a_element[i] + a_delta, a_last));
-        int h0 = p * g.stride - g.pad, w0 = q * g.stride - g.pad;
-        unsigned window = pixel < g.npq() ? inside_bits(h0, g.R, g.H) | inside_bits(w0, g.S, g.W) << 16 : 0;
-        int origin = ((n * g.H + h0) * g.W + w0) * g.C;
+        unsigned window = loading.window(g);
+        int origin = ((loading.n * g.H + loading.h0(g)) * g.W + loading.w0(g)) * g.C;
         for (int i = 0; i < BSlots::COUNT; ++i)
             copy_chunk(b_tile, b_offset[i], x, unsigned(origin + b_position[i]), (window & b_select[i]) == b_select[i]);
         a_delta += Cfg::BK * g.K;  // the next BK pixels
-        pixel += Cfg::BK;
-        q += step_q, p += step_p, n += step_n;
-        if (q >= g.Q) q -= g.Q, ++p;
-        if (p >= g.P) p -= g.P, ++n;
+        loading.advance(g, step);
     }
     __device__ long long out_row(int m) const { return (long long)m * this->g.rsc(); }
+    // FUSE_NORMALIZE: the table, written by the whole block (a barrier must follow)
+    __device__ void build_table(unsigned char* at) {
+        const Geometry& g = this->g;
+        T* t = reinterpret_cast<T*>(at);
+        int groups = g.N / fused.groups.images;
+        for (int e = threadIdx.x; e < groups * Cfg::BN; e += Cfg::THREADS) {
+            int group = e / Cfg::BN, column = e % Cfg::BN, c = (this->n0 + column) % g.C;
+            t[2 * group * Cfg::BN + column] = from_float<T>(norm_row(fused.norm, group, NORM_SCALE, g.C)[c]);
+            t[(2 * group + 1) * Cfg::BN + column] = from_float<T>(norm_row(fused.norm, group, NORM_SHIFT, g.C)[c]);
+        }
+        table = shared_address(t);
+    }
+    // FUSE_NORMALIZE: this thread's chunks of the next tile's B (x at its pixel's window)
+    __device__ void normalize(SharedAddress, SharedAddress b_tile) {
+        constexpr int ROW_BYTES = Cfg::BN * int(sizeof(T));
+        unsigned window = consumed.window(this->g);
+        SharedAddress scale = table + 2 * consumed_group * ROW_BYTES;
+        for (int i = 0; i < BSlots::COUNT; ++i) {
+            int column_bytes = BSlots::chunk(i) * 16;
+            ChunkAffine<T>(scale + column_bytes, scale + ROW_BYTES + column_bytes)
+                .apply(b_tile + b_offset[i], (window & b_select[i]) == b_select[i]);
+        }
+        consumed.advance(this->g, step);
+        while (consumed.n >= group_end) ++consumed_group, group_end += fused.groups.images;
+    }
+    __device__ void finish(const float* tile, float* out, float*) const { write_tile<Cfg>(*this, tile, out); }
 };
 
 // ---- fragments: shared memory -> registers --------------------------------------------------------
@@ -521,11 +649,10 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* p, float a, float b) {
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+// the accumulators into the staged tile (StagedTile), rounded to Out, for every thread to read
 template <class Cfg, class Pass, class Out>
-__device__ void store_tile(const Pass& pass, const WarpProduct<Cfg, Pass>& math, unsigned char* smem, Out* out) {
-    constexpr int PITCH = Cfg::BN + 16 / int(sizeof(Out));  // elements per row: 16 bytes of padding
-    constexpr int ROW_CHUNKS = Cfg::BN * int(sizeof(Out)) / 16;
-    Out* tile = reinterpret_cast<Out*>(smem);
+__device__ void stage_tile(const WarpProduct<Cfg, Pass>& math, Out* tile) {
+    constexpr int PITCH = StagedTile<Cfg, Out>::PITCH;
     int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     for (int i = 0; i < Cfg::M_TILES; ++i)
         for (int j = 0; j < Cfg::N_TILES; ++j) {
@@ -534,13 +661,6 @@ __device__ void store_tile(const Pass& pass, const WarpProduct<Cfg, Pass>& math,
             store_pair(tile + (row + 8) * PITCH + col, math.acc[i][j][2], math.acc[i][j][3]);
         }
     __syncthreads();
-    constexpr int EPC = 16 / int(sizeof(Out));
-    for (int index = threadIdx.x; index < Cfg::BM * ROW_CHUNKS; index += Cfg::THREADS) {
-        int row = index / ROW_CHUNKS, col = index % ROW_CHUNKS * EPC;
-        int m = pass.m0 + row, n = pass.n0 + col;
-        if (m < pass.rows && n < pass.columns)
-            *reinterpret_cast<int4*>(out + pass.out_row(m) + n) = *reinterpret_cast<const int4*>(tile + row * PITCH + col);
-    }
 }
 
 // The block's k-tiles through STAGES shared-memory stages: while the tensor cores work on tile
@@ -553,6 +673,11 @@ __device__ void implicit_gemm(Pass& pass, Out* out, float* partial, long long pa
     WarpProduct<Cfg, Pass> math;
     constexpr int RING = Cfg::STAGES * Cfg::STAGE_BYTES;
     auto next = [](int offset) { return offset + Cfg::STAGE_BYTES == RING ? 0 : offset + Cfg::STAGE_BYTES; };
+    if constexpr (Pass::NORMALIZES) {  // the launch gives NORM_TABLE_BYTES more, after the stages
+        static_assert(RING + NORM_TABLE_BYTES <= MAX_SHARED_BYTES, "the stages and the table fit a block");
+        pass.build_table(smem + RING);
+        __syncthreads();
+    }
     for (int s = 0; s < Cfg::STAGES - 1; ++s) {  // prologue: the first STAGES − 1 tiles in flight
         SharedAddress stage = base + s * Cfg::STAGE_BYTES;
         if (s < pass.tiles) pass.load(stage, stage + Cfg::A_BYTES);
@@ -561,6 +686,7 @@ __device__ void implicit_gemm(Pass& pass, Out* out, float* partial, long long pa
     int read = 0, write = (Cfg::STAGES - 1) * Cfg::STAGE_BYTES;  // byte offsets of the stages
     for (int t = 0; t < pass.tiles; ++t) {
         cp_async_wait<Cfg::STAGES - 2>();  // this thread's copies of tile t have landed
+        if constexpr (Pass::NORMALIZES) pass.normalize(base + read, base + read + Cfg::A_BYTES);
         __syncthreads();  // everyone's have, and everyone is done with tile t − 1, whose stage is next
         if (t + Cfg::STAGES - 1 < pass.tiles) pass.load(base + write, base + write + Cfg::A_BYTES);
         cp_async_commit();  // a group also when empty: the wait above counts groups
@@ -569,10 +695,13 @@ __device__ void implicit_gemm(Pass& pass, Out* out, float* partial, long long pa
     }
     cp_async_wait<0>();
     __syncthreads();  // the stages are free for the epilogue tile
-    if (partial)
-        store_tile<Cfg>(pass, math, smem, partial + pass.split * partial_stride);
-    else
-        store_tile<Cfg>(pass, math, smem, out);
+    if (partial) {
+        stage_tile<Cfg>(math, reinterpret_cast<float*>(smem));
+        write_tile<Cfg>(pass, reinterpret_cast<const float*>(smem), partial + pass.split * partial_stride);
+    } else {
+        stage_tile<Cfg>(math, reinterpret_cast<Out*>(smem));
+        pass.finish(reinterpret_cast<const Out*>(smem), out, reinterpret_cast<float*>(smem + StagedTile<Cfg, Out>::BYTES));
+    }
 }
 
 // ---- kernels --------------------------------------------------------------------------------------
@@ -581,29 +710,38 @@ __device__ void implicit_gemm(Pass& pass, Out* out, float* partial, long long pa
 template <class Cfg>
 using Data = typename Cfg::T;
 
+// The fused parts' arguments (NormArgs; null and unused where FUSE does not ask for them): the
+// input's batch norm [group][NORM_ROWS][C], grad-input's y, the slabs of sums, images per
+// statistics group and blocks along M per group (a plain launch: N, and all of grid.x)
+#define NORM_ARGS const float* norm, const Data<Cfg>* bn_input, float* sums, int group_images, int group_tiles
+#define NORM NormArgs<Data<Cfg>>{norm, bn_input, sums, GroupTiling{group_images, group_tiles}}
+
 // y: the output, or with grid.z = splits > 1, partial: splits fp32 copies of it (y unused)
-template <class Cfg>
+template <class Cfg, int FUSE>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
-    conv_fwd_v2(const Data<Cfg>* x, const Data<Cfg>* w, Data<Cfg>* y, float* partial, CONV_GEOMETRY) {
-    FwdPass<Cfg> pass(GEOMETRY, x, w);
-    implicit_gemm<Cfg>(pass, y, partial, (long long)pass.rows * pass.columns);
+    conv_fwd_v2(const Data<Cfg>* x, const Data<Cfg>* w, Data<Cfg>* y, float* partial, CONV_GEOMETRY, NORM_ARGS) {
+    FwdPass<Cfg, FUSE> pass(GEOMETRY, x, w, NORM);
+    implicit_gemm<Cfg>(pass, y, partial, (long long)N * P * Q * K);
 }
 
 // grid.z = stride² phases × splits; grid.x covers the largest phase. dx: the output, or partial
 // (splits fp32 copies of dx) with more than one split.
-template <class Cfg>
+template <class Cfg, int FUSE>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
-    conv_dgrad_v2(const Data<Cfg>* dy, const Data<Cfg>* w, Data<Cfg>* dx, float* partial, CONV_GEOMETRY) {
-    DgradPass<Cfg> pass(GEOMETRY, dy, w);
-    if (pass.m0 >= pass.rows) return;  // the whole block: a smaller phase
+    conv_dgrad_v2(const Data<Cfg>* dy, const Data<Cfg>* w, Data<Cfg>* dx, float* partial, CONV_GEOMETRY, NORM_ARGS) {
+    DgradPass<Cfg, FUSE> pass(GEOMETRY, dy, w, NORM);
+    if (pass.m0 >= pass.rows) {  // the whole block: a smaller phase
+        if constexpr (FUSE & FUSE_DRELU) zero_sums<Cfg>(pass, pass.slab);
+        return;
+    }
     implicit_gemm<Cfg>(pass, dx, partial, (long long)N * H * W * C);
 }
 
 // grid.z = splits; out: dW (float32) with one split, else splits partial copies of it
-template <class Cfg>
+template <class Cfg, int FUSE>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
-    conv_wgrad_v2(const Data<Cfg>* x, const Data<Cfg>* dy, float* out, CONV_GEOMETRY) {
-    WgradPass<Cfg> pass(GEOMETRY, x, dy);
+    conv_wgrad_v2(const Data<Cfg>* x, const Data<Cfg>* dy, float* out, CONV_GEOMETRY, NORM_ARGS) {
+    WgradPass<Cfg, FUSE> pass(GEOMETRY, x, dy, NORM);
     implicit_gemm<Cfg>(pass, out, gridDim.z > 1 ? out : nullptr, (long long)pass.rows * pass.columns);
 }
 

@@ -1,6 +1,6 @@
 // PTX that CUDA C++ cannot express, as small inline wrappers: warp-level matrix loads
-// (ldmatrix), tensor-core products (mma.sync), asynchronous global -> shared copies (cp.async)
-// and the TF32 rounding. Plain CUDA C++ for nvcc and NVRTC (sm_80 and later); the CPU emulator
+// (ldmatrix), tensor-core products (mma.sync), asynchronous global -> shared copies (cp.async),
+// the TF32 rounding and the bf16 pair multiply-add with ReLU. Plain CUDA C++ for nvcc and NVRTC (sm_80 and later); the CPU emulator
 // (tests/kernels/emu/ptx_emu.h) defines MINIDL_PTX_EMULATED and the same functions, following
 // the PTX ISA's fragment-to-lane mappings, so a kernel using these runs unchanged in both.
 //
@@ -67,6 +67,17 @@ __device__ __forceinline__ unsigned lds_32(SharedAddress address) {
     return value;
 }
 
+// 16 bytes at a 16-byte aligned shared address as four 32-bit words, and back; the store is
+// predicated (no branch) and happens only where `store` holds
+__device__ __forceinline__ void lds_128(unsigned (&r)[4], SharedAddress address) {
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+}
+__device__ __forceinline__ void sts_128_if(SharedAddress address, const unsigned (&r)[4], bool store) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n}\n"
+                 :: "r"(address), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]), "r"(int(store)) : "memory");
+}
+
 // d = a·b + c on one warp's 16×8 tile (row-major A, column-major B), fp32 accumulation
 __device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
                                                   const float (&c)[4]) {
@@ -104,6 +115,14 @@ __device__ __forceinline__ unsigned tf32_bits(float x) {
     unsigned bits;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(bits) : "f"(x));
     return bits;
+}
+
+// relu(a·b + c) on two pairs of bf16 (the lower element in the low 16 bits), each computed
+// exactly and rounded once to nearest even (fma.rn.relu.bf16x2, sm_80 and later)
+__device__ __forceinline__ unsigned fma_relu_bf16x2(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.relu.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
 
 #endif  // MINIDL_PTX_EMULATED

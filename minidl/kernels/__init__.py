@@ -19,14 +19,14 @@ import functools
 
 from minidl import environment
 from minidl.backend import on_gpu
-from minidl.kernels import amp, autotune, batchnorm, conv, conv_v2, loader, pool, sgd, softmax_xent
+from minidl.kernels import amp, autotune, batchnorm, conv, conv_v2, loader, normconv, pool, sgd, softmax_xent
 from minidl.kernels.launch import KERNEL_DTYPES
 
 FAMILIES = {family.FAMILY: family for family in (conv, conv_v2, batchnorm, pool, softmax_xent, sgd, amp)}
 
 
-class Kernels(conv.ConvKernels, batchnorm.BatchNormKernels, pool.PoolKernels, softmax_xent.SoftmaxXentKernels,
-              sgd.SgdKernels, amp.AmpKernels):
+class Kernels(conv.ConvKernels, batchnorm.BatchNormKernels, normconv.NormConvKernels, pool.PoolKernels,
+              softmax_xent.SoftmaxXentKernels, sgd.SgdKernels, amp.AmpKernels):
     """Every kernel operation, launched through `load(family).get_function(name)`."""
 
     def __init__(self, load, multiprocessors, allow_tf32=True, tuner=None):

@@ -117,7 +117,8 @@ class ConvKernels(Launcher):
             plan = plans[0] if self.tuner is None else self.tuner.choose(
                 key, plans, lambda candidate: self._run(conv_pass, geometry, operands, out, candidate))
         if plan.version == "v2":
-            return conv_v2.launch(self, conv_pass, conv_v2.TILES[plan.tile], plan.splits, geometry, *operands, out)
+            conv_v2.launch(self, conv_pass, conv_v2.TILES[plan.tile], plan.splits, geometry, *operands, out)
+            return out
         return self._run_v1(conv_pass, TILES[plan.tile], plan.splits, geometry, operands, out)
 
     def plans(self, conv_pass, operands, geometry):

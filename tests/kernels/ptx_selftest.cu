@@ -123,6 +123,12 @@ __global__ void round_tf32(const float* x, unsigned* bits, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) bits[i] = tf32_bits(x[i]);
 }
 
+// d[i] = fma.rn.relu.bf16x2(a[i], b[i], c[i])
+__global__ void fma_relu_pairs(const unsigned* a, const unsigned* b, const unsigned* c, unsigned* d, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        d[i] = fma_relu_bf16x2(a[i], b[i], c[i]);
+}
+
 // q[i] = x[i] / divisor: one integer division by a runtime value, for the SASS audit to count
 __global__ void quotients(const int* x, int divisor, int* q, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) q[i] = x[i] / divisor;

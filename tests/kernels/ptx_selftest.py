@@ -5,4 +5,4 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parent / "ptx_selftest.cu"
 LDMATRIX = tuple(f"ldmatrix_rows<{m}, {t}>" for m in (1, 2, 4) for t in ("false", "true"))
 KERNELS = LDMATRIX + ("mma_fragments<true>", "mma_fragments<false>", "tile_gemm<true, 0>", "tile_gemm<false, 0>",
-                      "tile_gemm<true, 1>", "round_tf32", "quotients")
+                      "tile_gemm<true, 1>", "round_tf32", "fma_relu_pairs", "quotients")

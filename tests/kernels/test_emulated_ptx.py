@@ -2,8 +2,10 @@
 ptx_selftest.cu: ldmatrix registers against the ISA's lane mapping computed here in NumPy, mma
 results against NumPy products, the cp.async pipeline's deferred completion, and every misuse
 the emulation promises to report."""
+import math
 import shutil
 import time
+from fractions import Fraction
 
 import numpy
 import pytest
@@ -168,3 +170,65 @@ def test_tf32_bits_round_to_nearest_ties_away(selftest):
     selftest.get_function("round_tf32")((2,), (64,), (x, bits, numpy.int32(x.size)))
     numpy.testing.assert_array_equal(bits.view(numpy.float32).astype(numpy.float64), tf32_rounded(x))
     assert list(bits[:4]) == [0x3F802000, 0xBF802000, 0x3F804000, 0x40000000]
+
+
+# ---- fma.rn.relu.bf16x2 ---------------------------------------------------------------------------
+def bf16_value(bits):
+    return Fraction(float(numpy.array([bits << 16], numpy.uint32).view(numpy.float32)[0]))
+
+
+def bf16_fma_relu_exact(a, b, c):
+    """The PTX ISA's fma.rn.relu on one bf16 half: a·b + c exactly, rounded once to nearest even
+    (subnormals kept, infinite past the largest finite value), negative results +0."""
+    v = bf16_value(a) * bf16_value(b) + bf16_value(c)
+    if v <= 0:
+        return 0
+    exponent = math.floor(math.log2(v))
+    while Fraction(2) ** exponent > v:  # log2 of a Fraction can be off by one at powers of two
+        exponent -= 1
+    while Fraction(2) ** (exponent + 1) <= v:
+        exponent += 1
+    ulp = Fraction(2) ** (max(exponent, -126) - 7)
+    q = v / ulp
+    whole = math.floor(q)
+    if q - whole > Fraction(1, 2) or (q - whole == Fraction(1, 2) and whole % 2):
+        whole += 1
+    rounded = whole * ulp
+    if rounded >= Fraction(2) ** 128:
+        return 0x7F80
+    return int(numpy.array([float(rounded)], numpy.float32).view(numpy.uint32)[0] >> 16)
+
+
+def test_fma_relu_bf16x2_rounds_the_exact_sum_once(selftest):
+    """Random operands, exact ties (even either way), ties decided by an addend below a double's
+    precision (where a·b + c in doubles would round twice), subnormal and overflowing results,
+    negative results and NaN, against the exact rational result."""
+    ties = [(0x3F81, 0x3FC0, 0x0000),   # (1 + 2^-7)·1.5 = 1.1000001|1: a tie, to even (up)
+            (0x3F81, 0x3FC0, 0x9DC0),   # − 1.5·2^-68 (far below a double's ulp): decides the tie down
+            (0x3F83, 0x3FC0, 0x0000),   # (1 + 3·2^-7)·1.5: a tie whose even neighbour is below
+            (0x3F83, 0x3FC0, 0x1DC0),   # + 1.5·2^-68: decides it up
+            (0x0001, 0x3F00, 0x0000),   # the smallest subnormal halved: a tie to 0
+            (0x0003, 0x3F00, 0x0000),   # 1.5 subnormal ulps: a tie to 2 ulps
+            (0x7F7F, 0x4000, 0x0000),   # overflow: infinity
+            (0x3F80, 0xBF80, 0x3F00),   # −1 + 0.5: negative, +0
+            (0x7FC0, 0x3F80, 0x0000)]   # NaN
+    pairs = [tuple(int(v) for v in rng.integers(0, 1 << 16, 3)) for _ in range(400)]
+    for i, (a, b, c) in enumerate(pairs):  # keep the exponents moderate: products near 1, a few far
+        if i % 4:
+            pairs[i] = ((a & 0x807F) | 0x3F00, (b & 0x807F) | 0x3F80, (c & 0x80FF) | (0x3E00 + (i % 9) * 0x80))
+    halves = ties + pairs
+    if len(halves) % 2:
+        halves.append((0x3F80, 0x3F80, 0x3F80))
+    words = numpy.array(halves, numpy.uint32).reshape(-1, 2, 3)
+    a, b, c = (words[:, 0, k] | words[:, 1, k] << 16 for k in range(3))
+    d = numpy.zeros(len(a), numpy.uint32)
+    selftest.get_function("fma_relu_pairs")((2,), (64,), (a, b, c, d, numpy.int32(len(a))))
+    got = numpy.stack([d & 0xFFFF, d >> 16], axis=1).reshape(-1)
+    for (x, y, z), result in zip(halves, got):
+        if (x & 0x7FFF) > 0x7F80 or (y & 0x7FFF) > 0x7F80 or (z & 0x7FFF) > 0x7F80:
+            assert result == 0x7FFF, f"NaN operand: canonical NaN, got {result:#06x}"
+            continue
+        if any((v & 0x7FFF) == 0x7F80 for v in (x, y, z)):
+            continue  # infinite operands: covered by the overflow case's result only
+        assert result == bf16_fma_relu_exact(x, y, z), f"fma.rn.relu({x:#06x}, {y:#06x}, {z:#06x}) = {result:#06x}"
+    assert list(got[:len(ties)]) == [0x3FC2, 0x3FC1, 0x3FC4, 0x3FC5, 0x0000, 0x0002, 0x7F80, 0x0000, 0x7FFF]

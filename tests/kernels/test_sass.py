@@ -2,6 +2,7 @@
 tensor-core families, and the bar every v2 tensor-core kernel (a "_v2" kernel of a V2Tile) must clear.
 `pytest -s` prints the audit table."""
 import json
+import re
 
 import pytest
 
@@ -10,6 +11,7 @@ from minidl.bench import sass
 from minidl.bench._nvcc import find_nvcc
 from minidl.errors import UserError
 from minidl.kernels.conv import TILES
+from minidl.kernels.conv_v2 import NORMALIZE
 
 SOURCES = sass.default_sources()
 V2_KERNELS = [(family, name) for family, _, names, _ in SOURCES for name in names if "_v2<V2Tile" in name]
@@ -97,15 +99,22 @@ NO_V2 = pytest.param(None, None, marks=pytest.mark.skip(
     reason="no v2 tensor-core kernel yet: no family in minidl.kernels.FAMILIES has a _v2 kernel of a V2Tile"))
 
 
+def normalizes(kernel):
+    """Whether a v2 kernel's FUSE argument (its last template argument) has FUSE_NORMALIZE."""
+    return bool(int(re.search(r"(\d+)\s*>$", kernel).group(1)) & NORMALIZE)
+
+
 @pytest.mark.parametrize("family, kernel", V2_KERNELS or [NO_V2])
 def test_v2_main_loop_meets_the_bar(default_rows, family, kernel):
     """DESIGN.md §3: fragments through LDSM, no generic LD/ST in the main loop, no local memory,
-    and at most 2.5 instructions per HMMA."""
+    and at most 2.5 instructions per HMMA; a kernel that also normalizes its operand in shared
+    memory (a 16-byte read, fma.rn.relu per element pair, a predicated 16-byte write per chunk)
+    at most 4."""
     row = next(r for r in default_rows if r["family"] == family and same_name(kernel, r["kernel"]))
     assert row["local_memory_bytes"] == 0 and row["local_loads_stores"] == 0, row
     assert row["loop_mma"], f"{kernel}: no loop holds both HMMA and LDGSTS"
     assert row["loop_generic_memory"] == 0 and row["loop_ldsm"] > 0, row
-    assert row["instructions_per_mma"] <= 2.5, row
+    assert row["instructions_per_mma"] <= (4.0 if normalizes(kernel) else 2.5), row
 
 
 def test_command_line_writes_the_rows_as_json(tools, monkeypatch, tmp_path, capsys):

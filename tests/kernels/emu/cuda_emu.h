@@ -67,6 +67,7 @@ struct __align__(8) int2 { int x, y; };
 struct __align__(16) int4 { int x, y, z, w; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 
 inline thread_local uint3 threadIdx;
 inline thread_local uint3 blockIdx;
@@ -442,6 +443,7 @@ struct __nv_bfloat162 {
 };
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16(a), __float2bfloat16(b)}; }
 inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float(uint32_t(h.bits) << 16); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 namespace emu {
 template <> struct Code<__nv_bfloat16> { static constexpr const char* name = "bf16"; };
 }

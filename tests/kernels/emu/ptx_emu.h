@@ -218,6 +218,15 @@ inline unsigned lds_32(SharedAddress address) {
     return value;
 }
 
+inline void lds_128(unsigned (&r)[4], SharedAddress address) {
+    emu::check(address % 16 == 0, "lds_128: the address must be 16-byte aligned");
+    std::memcpy(r, reinterpret_cast<const void*>(address), 16);
+}
+inline void sts_128_if(SharedAddress address, const unsigned (&r)[4], bool store) {
+    emu::check(address % 16 == 0, "sts_128_if: the address must be 16-byte aligned");
+    if (store) std::memcpy(reinterpret_cast<void*>(address), r, 16);
+}
+
 inline void cp_async_16(SharedAddress shared, const void* global, bool fill) {
     void* smem = reinterpret_cast<void*>(shared);
     bool aligned = reinterpret_cast<uintptr_t>(smem) % 16 == 0 && reinterpret_cast<uintptr_t>(global) % 16 == 0;
@@ -243,3 +252,40 @@ inline void cp_async_wait() {
 }
 
 inline unsigned tf32_bits(float x) { return __float_as_uint(nvcuda::wmma::__float_to_tf32(x)); }
+
+namespace emu {
+namespace ptx {
+// The exact value s + err (s = the double nearest to it, |err| at most half an ulp of s) rounded
+// to bf16, to nearest even: s's bf16 ulp is at least 2^29 of its double ulps, so err can only
+// decide a tie. Subnormals are kept (bf16 arithmetic has no .ftz); past the largest finite bf16
+// the result is infinite.
+inline uint16_t round_to_bf16(double s, double err) {
+    if (std::isnan(s)) return 0x7fff;
+    if (s == 0.0) return std::signbit(s) ? 0x8000 : 0x0000;
+    int exponent = std::ilogb(s);  // |s| in [2^e, 2^(e + 1))
+    double ulp = std::ldexp(1.0, std::max(exponent, -126) - 7);
+    double q = s / ulp, whole = std::floor(q), fraction = q - whole;
+    if (fraction > 0.5 || (fraction == 0.5 && (err > 0.0 || (err == 0.0 && std::fmod(whole, 2.0) != 0.0))))
+        whole += 1.0;
+    float rounded = float(whole * ulp);  // exact: 8 significant bits, or a power of two past the range
+    if (std::fabs(whole * ulp) >= std::ldexp(1.0, 128)) rounded = std::signbit(s) ? -INFINITY : INFINITY;
+    return uint16_t(__float_as_uint(rounded) >> 16);
+}
+// One half of fma.rn.relu.bf16x2: a·b is exact in a double (8-bit significands), a·b + c is
+// s + err exactly (Knuth's two-sum), rounded once; .relu turns a negative result into +0 and a
+// NaN into the canonical NaN
+inline uint16_t fma_relu_bf16(uint16_t a, uint16_t b, uint16_t c) {
+    auto value = [](uint16_t bits) { return double(__uint_as_float(uint32_t(bits) << 16)); };
+    double p = value(a) * value(b), cc = value(c), s = p + cc;
+    double pp = s - cc, err = std::isfinite(s) ? (p - pp) + (cc - (s - pp)) : 0.0;
+    uint16_t d = round_to_bf16(s, err);
+    if ((d & 0x7fff) > 0x7f80) return 0x7fff;
+    return d & 0x8000 ? 0x0000 : d;
+}
+}  // namespace ptx
+}  // namespace emu
+
+inline unsigned fma_relu_bf16x2(unsigned a, unsigned b, unsigned c) {
+    return unsigned(emu::ptx::fma_relu_bf16(uint16_t(a), uint16_t(b), uint16_t(c))) |
+           unsigned(emu::ptx::fma_relu_bf16(uint16_t(a >> 16), uint16_t(b >> 16), uint16_t(c >> 16))) << 16;
+}
