@@ -124,7 +124,7 @@ class NormConvKernels(Launcher):
         """The plain pass's plans (v1 first), with y among the operands that v2 needs aligned; an
         epilogue that reduces over the block's rows takes the whole reduction (no split-K), and
         a normalizing pass's table must fit."""
-        inputs = operands + ((fusion.bn_input,) if fusion.bn_input is not None else ())
+        inputs = (*operands, *((fusion.bn_input,) if fusion.bn_input is not None else ()))
         plans = self.plans(conv_pass, inputs, geometry)
         return [plans[0]] + [p for p in plans[1:] if (p.splits == 1 or not fusion.whole_reduction)
                              and conv_v2.TILES[p.tile].fits_fusion(conv_pass, fusion, geometry)]

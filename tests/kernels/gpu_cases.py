@@ -10,7 +10,8 @@ blocks, a ResNet-50 step under --amp against the float32 step (its errors go int
 steps replayed from a CUDA graph against eager ones, and train.py's loop with --cuda-graph.
 Then every kernel against the reference ops (oracle.py; float64 references computed by the
 same ops on the GPU) on every distinct ResNet-50 layer shape at batch 32, in fp32 (the exact
-path), TF32 and bf16, with oracle.TOLERANCE per mode; last one whole ResNet-50 training step on
+path), TF32 and bf16, with oracle.TOLERANCE per mode, and every plan of the convolutions fused
+with batch norm on the bottleneck's shapes (normconv_checks.py); last one whole ResNet-50 training step on
 the GPU against the same step on the CPU, where the error grows through 53 layers:
 STEP_TOLERANCE. That step's model has the residual branches' last γ scaled down
 (step_checks.LAST_GAMMA_SCALE): at plain initialization ResNet-50 with batch norm is chaotic,
@@ -32,6 +33,7 @@ import numpy
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import normconv_checks  # noqa: E402
 import oracle  # noqa: E402
 import step_checks  # noqa: E402
 from step_checks import seeded  # noqa: E402
@@ -102,6 +104,32 @@ def amp_cases():
     return found
 
 
+# A bottleneck's convolutions with the batch norms around them (normconv_checks.py): (n, h, w, c,
+# k, r, stride, padding) and images per statistics group (the whole batch, or ghost groups of 8)
+NORMCONV_SHAPES = {"layer1.0 conv2": ((BATCH, 56, 56, 64, 64, 3, 1, 1), BATCH),
+                   "layer1.0 conv3": ((BATCH, 56, 56, 64, 256, 1, 1, 0), BATCH),
+                   "layer2.0 conv2": ((BATCH, 56, 56, 128, 128, 3, 2, 1), 8),
+                   "layer3.1 conv2": ((BATCH, 14, 14, 256, 256, 3, 1, 1), BATCH)}
+
+
+def normconv_cases():
+    """Every plan of the fused passes on ResNet-50's bottleneck shapes, and the block's end."""
+    found = []
+    for name, (shape, images) in NORMCONV_SHAPES.items():
+        for mode in ("bf16", "tf32"):
+            arguments = (mode, *shape, images)
+            found += [(f"normconv forward {name} {mode} groups of {images}", normconv_checks.check_forward,
+                       arguments, {}),
+                      (f"normconv grad-input {name} {mode} groups of {images}", normconv_checks.check_grad_input,
+                       arguments, {})]
+        found.append((f"normconv grad-weight {name} bf16 groups of {images}", normconv_checks.check_grad_weight,
+                      ("bf16", *shape, images), {}))
+    for projection in (False, True):
+        found.append((f"normconv add relu 56x56x256 projection={projection}", normconv_checks.check_add_relu,
+                      ("bf16", BATCH, 56, 56, 256, BATCH, projection), {}))
+    return found
+
+
 def check_training_with_graphs(gpu, cupy):
     with tempfile.TemporaryDirectory() as workdir:
         summaries = step_checks.check_training_with_graphs(workdir)
@@ -120,6 +148,7 @@ def cases():
                 continue  # the 3-channel stem has no bf16 tile: it stays fp32
             found.append((f"conv {name} {mode}", oracle.check_conv, (mode, *shape),
                           {"tile": conv_tile(mode, shape[3]), "every_plan": mode != "fp32"}))
+    found += normconv_cases()
     for name, shape in resnet50_batch_norms(BATCH).items():
         for mode in ("fp32", "bf16"):
             for fused in (None, "relu", "add_relu"):
