@@ -173,9 +173,8 @@ SETTINGS = (
     Setting("bn_group_size", ("--bn-group-size",), "BN statistics over groups of this many images per process "
             "(ghost BN)", DATA, int, check=positive_int_or_none, note="the whole micro-batch"),
     Setting("fuse", ("--fuse",), "batch norm fused into the convolutions: each convolution also takes its output's "
-            "statistics, the next applies BN and ReLU as it reads its input; --no-fuse: separate ops", DATA,
-            action="on_off", note="on the CPU; off on the GPU kernels, which compose the separate "
-            "launches so far"),
+            "statistics, the next applies BN and ReLU as it reads its input (less memory kept for backward; "
+            "--no-fuse: separate ops)", DATA, default=False, action="on_off"),
 
     Setting("recipe", ("--recipe",), "fill unset flags from a paper's recipe", BATCH, choices=tuple(RECIPES),
             note="none"),

@@ -35,8 +35,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--profile", action="store_true", help="print minidl's time per operation")
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, help="minidl's batch norms fused into the "
-                   "convolutions (default: as train.py decides, on the CPU)")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False,
+                   help="minidl's batch norms fused into the convolutions (train.py's --fuse)")
     p.add_argument("--amp", action="store_true", help="minidl in bf16 (GPU only)")
     p.add_argument("--cuda-graph", action="store_true", help="replay minidl's step from a CUDA graph (GPU only)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
@@ -58,8 +58,7 @@ def minidl_step(args):
     from minidl.bench.profile import saved_bytes
     from minidl.models import MODELS
     from minidl.optim import SGD
-    from minidl.training.build import fuses
-    model = MODELS[args.model](num_classes=NUM_CLASSES, fuse=fuses(args))
+    model = MODELS[args.model](num_classes=NUM_CLASSES, fuse=args.fuse)
     optimizer = SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     rng = numpy.random.default_rng(0)
     if args.amp or args.cuda_graph:
@@ -148,7 +147,7 @@ def peak_memory_mb(args, framework):
     command = [sys.executable, "-m", "minidl.bench", "step", "--model", args.model, "--batch-size",
                str(args.batch_size), "--image-size", str(args.image_size), "--device", args.device,
                "--memory-of", framework] + ["--amp"] * args.amp + ["--cuda-graph"] * args.cuda_graph + \
-        ([] if args.fuse is None else ["--fuse" if args.fuse else "--no-fuse"])
+        ["--fuse"] * args.fuse
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
 
@@ -214,9 +213,8 @@ def main(argv):
     threads = thread_count(args)
     steps = [minidl_step(args)] + ([torch_step(args, threads)] if args.vs_torch else [])
     seconds = measure(steps, args.warmup, args.iters)
-    from minidl.training.build import fuses
     result = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
-              "device": args.device, "amp": args.amp, "cuda_graph": args.cuda_graph, "fuse": fuses(args),
+              "device": args.device, "amp": args.amp, "cuda_graph": args.cuda_graph, "fuse": args.fuse,
               "threads": threads,
               "minidl_step_ms": 1e3 * seconds[0],
               "minidl_img_per_s": args.batch_size / seconds[0], "minidl_peak_mb": peak_memory_mb(args, "minidl")}

@@ -14,15 +14,17 @@ dy, use col2im(dy @ w) for grad-input instead, adding each of the R·S window of
 the input with one strided slice each, and grad-weight = dy.T @ cols.
 
 Every pass runs over chunks of images (minidl.parallel): each chunk's im2col block is
-consumed while still in cache, and the chunks run on all cores. Two optional per-chunk hooks let
-a fused op (minidl.ops.normconv) ride along the passes: `load(src, dst, first)` writes the
-convolution's actual input for images first, first + 1, ... from `src` into `dst` (both as image
-rows, (images, H, W·C); dst may be the interior of the padded work array) where the plain pass
-copies it, and `store(block, first[, loaded])` sees each chunk's result (y in forward, dL/dx in
-backward, NHWC) while it is in cache, with the loaded input of those images where the pass has it. The padded images and the
+consumed while still in cache, and the chunks run on all cores. The padded images and the
 im2col block of a chunk live in per-thread work arrays (minidl.workspace), reused every step.
 Where the whole batch is one chunk (the deep layers of an ImageNet ResNet: few pixels, large
 weights), the matrix product is split over column blocks instead, so it still uses all cores.
+
+Two optional per-chunk hooks let a fused op (minidl.ops.normconv) ride along the passes:
+`load(src, dst, first)` writes the convolution's actual input for images first, first + 1, ...
+from `src` into `dst` (both image rows, (images, H, W·C); dst may be the padded work array's
+interior) where the plain pass copies its input, or reads it in place (1×1, stride 1); and
+`store(block, first[, loaded])` sees each chunk's result (y in forward, dL/dx in backward, NHWC)
+while it is in cache, with the loaded input of those images where the pass has it.
 """
 from minidl import workspace
 from minidl.backend import BF16, get_array_module

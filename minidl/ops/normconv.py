@@ -32,7 +32,20 @@ Saved for backward: y (never relu(bn(y))), the block's output, the per-group sta
 Kernels: for now each op composes the existing launches (gpu.conv_forward, gpu.batch_norm_forward
 with the ReLU and the residual, their backward; minidl.ops.fused.kernels_forward), keeps
 relu(bn(y)) for grad-weight, and leaves `stats` empty (0 groups): the batch-norm kernels take
-the statistics themselves. Fused CUDA kernels replace the composition behind the same ops.
+the statistics themselves. Fused CUDA kernels replace the composition behind the same ops; what
+they compute is what the reference computes (the oracle):
+- stats: float32 (groups, 2, K), each group's mean and biased variance of y, the G groups being
+  N/G consecutive images each (none in evaluation); partial moments merged in a fixed order.
+- conv2d_stats: the conv epilogue also gives stats.
+- bn_relu_conv2d_stats: per group scale = γ·inv_std, shift = β − mean·scale from stats (the
+  running statistics updated group after group: (1 − m)·r + m·batch, the variance unbiased by
+  count/(count − 1)); the convolution's loader reads relu(y·scale + shift) (zero padding outside
+  the image, after the transform); its epilogue gives the stats of its output. Backward:
+  grad-input of the convolution masked by y·scale + shift > 0 in its epilogue (g), which also
+  reduces Σ g and Σ g·y per group and channel; grad-weight recomputing relu(y·scale + shift) in
+  its loader; then dL/dy = g·scale + y·c1 + c0 (norm.gradient_coefficients).
+- bn_add_relu: relu(y·scale + shift + r), r the residual or r_y·r_scale + r_shift; backward
+  masks by the output, reduces both batch norms' sums in that pass and writes both dL/dy.
 """
 from typing import NamedTuple
 

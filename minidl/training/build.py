@@ -1,5 +1,5 @@
 """The objects a run is made of, built from its configuration: schedule, model, optimizer."""
-from minidl import kernels, nn
+from minidl import nn
 from minidl.data import open_dataset
 from minidl.data.embedded import EMBEDDED_CLASSES, TRAIN_PER_CLASS
 from minidl.models import MODELS
@@ -26,16 +26,10 @@ def schedule_rows(config, world_size, dataset_size=None):
     return epoch_table(build_schedule(config, world_size), world_size, dataset_size, config.max_per_rank_batch)
 
 
-def fuses(config):
-    """--fuse, or by default whether the ops run their reference implementations (the CPU path):
-    the kernels' fused ops compose the separate launches so far."""
-    return config.fuse if config.fuse is not None else kernels.active() is None
-
-
 def build_model(config, num_classes):
     nn.manual_seed(config.seed)
     model = MODELS[config.model](num_classes=num_classes, zero_init_residual=config.zero_init_residual,
-                                 fuse=fuses(config))
+                                 fuse=config.fuse)
     for _, module in model.named_modules():
         if isinstance(module, nn.BatchNorm2d):
             module.group_size = config.bn_group_size

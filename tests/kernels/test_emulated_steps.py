@@ -74,6 +74,18 @@ TINY_RESNETS = {
 }
 
 
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_fused_model_steps_as_the_separate_ops_on_the_kernels_bit_for_bit(emulated_gpu, amp):
+    """Until fused kernels land, the fused ops compose the separate ops' launches: the same step."""
+    rng = numpy.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (2, 8, 8, 3), dtype=numpy.uint8), rng.integers(0, 10, 2)
+    steps = [step_checks.one_step(seeded(lambda: ResNet(cifar_stem(), BasicBlock, (16, 32), (1, 1), 10, False, fuse)),
+                                  images, labels, amp) for fuse in (True, False)]
+    (loss, grads, stats), (ref_loss, ref_grads, ref_stats) = steps
+    assert loss == ref_loss and numpy.array_equal(stats, ref_stats)
+    assert all(numpy.array_equal(g, r) for g, r in zip(grads, ref_grads))
+
+
 @pytest.mark.parametrize("name", TINY_RESNETS)
 def test_amp_step_against_the_float32_step(emulated_gpu, name):
     step_checks.check_amp_step(numpy, seeded(TINY_RESNETS[name]), (4, 8, 8, 3), 10, step_checks.AMP_TOLERANCE["tiny"])
