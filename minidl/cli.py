@@ -9,5 +9,9 @@ from minidl.errors import UserError
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", "on_off", argparse.BooleanOptionalAction)  # --flag / --no-flag
+
     def error(self, message):
         raise UserError(f"{message} (see --help)")

@@ -114,7 +114,7 @@ class Setting:
     embedded: object = UNSET  # the embedded profile's value
     imagenet: object = UNSET  # the ImageNet profile's value
     choices: tuple = None  # argparse's choices (the check follows them)
-    action: str = None
+    action: str = None  # an argparse action; "on_off" gives the flag and its --no- form (minidl.cli)
     const: object = None
     check: object = None
     note: str = None  # how --help describes a default that is not a value
@@ -178,6 +178,9 @@ SETTINGS = (
             base=False, action="store_const", const=True),
     Setting("bn_group_size", ("--bn-group-size",), "BN statistics over groups of this many images per process "
             "(ghost BN)", DATA, int, check=positive_int_or_none, note="the whole micro-batch"),
+    Setting("fuse", ("--fuse",), "batch norm fused into the convolutions: each convolution also takes its output's "
+            "statistics, the next applies BN and ReLU as it reads its input (less memory kept for backward; "
+            "--no-fuse: separate ops)", DATA, default=False, action="on_off"),
 
     Setting("recipe", ("--recipe",), "fill unset flags from a paper's recipe", BATCH, choices=tuple(RECIPES),
             note="none"),

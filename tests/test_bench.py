@@ -21,11 +21,13 @@ def test_step_benchmark_against_torch_reports_json():
     assert abs(report["ratio"] - report["minidl_img_per_s"] / report["torch_img_per_s"]) < 1e-9
 
 
-def test_step_benchmark_profile_lists_the_operations():
+@pytest.mark.parametrize("fuse, operations", [("--no-fuse", ("Conv2d.backward", "BatchNorm.forward")),
+                                              ("--fuse", ("BNReLUConv2dStats.backward", "BNAddReLU.forward"))])
+def test_step_benchmark_profile_lists_the_operations_and_the_saved_bytes(fuse, operations):
     result = bench("step", "--model", "resnet20", "--batch-size", "2", "--image-size", "8", "--warmup", "1",
-                   "--iters", "1", "--profile")
+                   "--iters", "1", "--profile", fuse)
     assert result.returncode == 0, result.stderr
-    assert "Conv2d.backward" in result.stdout and "BatchNorm.forward" in result.stdout
+    assert all(name in result.stdout for name in operations) and "KiB per image" in result.stdout
 
 
 def test_step_benchmark_times_the_step_with_tracing_on_too():

@@ -1,4 +1,5 @@
-"""Where a step's time goes: every Function's forward and backward, timed by operation type.
+"""Where a step's time goes: every Function's forward and backward, timed by operation type; and
+what a forward pass keeps for backward (`saved_bytes`).
 
 Timing wraps the `forward` and `backward` of each Function subclass for the duration of the
 measurement and restores them after; on a GPU each call synchronizes first, so the figures
@@ -10,7 +11,7 @@ import collections
 import contextlib
 import time
 
-from minidl.autograd import Function
+from minidl.autograd import Function, Tensor
 from minidl.backend import on_gpu, xp
 
 
@@ -70,3 +71,42 @@ def print_profile(step, iters):
         print(f"{key:28}{1e3 * seconds / iters:>10.1f}{100 * seconds / total:>7.1f}%")
     rest = total - sum(totals.values())
     print(f"{'(outside operations)':28}{1e3 * rest / iters:>10.1f}{100 * rest / total:>7.1f}%")
+
+
+def _root(array):
+    while getattr(array, "base", None) is not None:
+        array = array.base
+    return array
+
+
+def _arrays(value, seen):
+    """The arrays in `value`: itself, its items, or the attributes of an object (a Function nested
+    in a fused op, a fused op's batch-norm state), never walking into Tensors (the graph)."""
+    if hasattr(value, "nbytes") and hasattr(value, "base"):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _arrays(item, seen)
+    elif isinstance(value, dict):
+        yield from _arrays(list(value.values()), seen)
+    elif hasattr(value, "__dict__") and not isinstance(value, (type, Tensor)) and id(value) not in seen:
+        seen[id(value)] = value  # kept, so that its id is not reused
+        yield from _arrays([v for k, v in vars(value).items() if k not in ("inputs", "outputs")], seen)
+
+
+def saved_bytes(output, parameters):
+    """Bytes of the distinct buffers that the Functions of `output`'s graph hold for backward, the
+    parameters' buffers (the flat buffer they are views of) not counted."""
+    excluded = {id(_root(p.data)) for p in parameters}
+    functions, pending, buffers, seen = set(), [output.creator], {}, {}
+    while pending:
+        function = pending.pop()
+        if function is None or function in functions:
+            continue
+        functions.add(function)
+        pending.extend(x.creator for x in getattr(function, "inputs", ()))
+        for array in _arrays(function, seen):
+            root = _root(array)
+            if id(root) not in excluded:
+                buffers[id(root)] = root.nbytes
+    return sum(buffers.values())

@@ -39,6 +39,8 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--profile", action="store_true", help="print minidl's time per operation")
     p.add_argument("--trace", action="store_true", help="time minidl's step with tracing on too")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False,
+                   help="minidl's batch norms fused into the convolutions (train.py's --fuse)")
     p.add_argument("--amp", action="store_true", help="minidl in bf16 (GPU only)")
     p.add_argument("--cuda-graph", action="store_true", help="replay minidl's step from a CUDA graph (GPU only)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
@@ -57,9 +59,10 @@ def minidl_step(args):
     import numpy
     from minidl import Tensor, ops
     from minidl.backend import xp
+    from minidl.bench.profile import saved_bytes
     from minidl.models import MODELS
     from minidl.optim import SGD
-    model = MODELS[args.model](num_classes=NUM_CLASSES)
+    model = MODELS[args.model](num_classes=NUM_CLASSES, fuse=args.fuse)
     optimizer = SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     rng = numpy.random.default_rng(0)
     if args.amp or args.cuda_graph:
@@ -68,12 +71,16 @@ def minidl_step(args):
                                               dtype=numpy.float32)))
     labels = xp.asarray(rng.integers(0, NUM_CLASSES, args.batch_size))
 
+    def forward():
+        return ops.softmax_cross_entropy(model(x), labels)
+
     def step():
         optimizer.zero_grad()
-        ops.softmax_cross_entropy(model(x), labels).backward()
+        forward().backward()
         optimizer.step()
         synchronize(args.device)
     step.model = model
+    step.saved_bytes = lambda: saved_bytes(forward(), model.parameters())
     return step
 
 
@@ -159,7 +166,8 @@ def peak_memory_mb(args, framework):
     """Run a few steps of one framework in a fresh process; its peak memory in MB."""
     command = [sys.executable, "-m", "minidl.bench", "step", "--model", args.model, "--batch-size",
                str(args.batch_size), "--image-size", str(args.image_size), "--device", args.device,
-               "--memory-of", framework] + ["--amp"] * args.amp + ["--cuda-graph"] * args.cuda_graph
+               "--memory-of", framework] + ["--amp"] * args.amp + ["--cuda-graph"] * args.cuda_graph + \
+        ["--fuse"] * args.fuse
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
 
@@ -228,7 +236,8 @@ def main(argv):
     steps += [traced(steps[0])] if args.trace else []
     seconds = measure(steps, args.warmup, args.iters)
     result = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
-              "device": args.device, "amp": args.amp, "cuda_graph": args.cuda_graph, "threads": threads,
+              "device": args.device, "amp": args.amp, "cuda_graph": args.cuda_graph, "fuse": args.fuse,
+              "threads": threads,
               "minidl_step_ms": 1e3 * seconds[0],
               "minidl_img_per_s": args.batch_size / seconds[0], "minidl_peak_mb": peak_memory_mb(args, "minidl")}
     from minidl import environment
@@ -249,11 +258,14 @@ def main(argv):
     if args.profile:
         from minidl.bench.profile import print_profile
         print_profile(steps[0], args.iters)
+        if hasattr(steps[0], "saved_bytes"):
+            print(f"saved for backward: {steps[0].saved_bytes() / args.batch_size / 1024:.0f} KiB per image "
+                  "(the parameters not counted)")
     return 0
 
 
 def print_table(result):
-    flags = "".join(f", {name}" for name in ("amp", "cuda_graph") if result[name])
+    flags = "".join(f", {name}" for name in ("amp", "cuda_graph", "fuse") if result[name])
     print(f"{result['model']}, batch {result['batch_size']}, {result['image_size']}x{result['image_size']}, "
           f"{result['device']}{flags}, {result['threads']} threads")
     if "unset_env" in result:

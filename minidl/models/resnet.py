@@ -14,6 +14,10 @@ last BN of every residual block starts at γ = 0, so each block starts as the id
 
 Every BN that a ReLU follows is fused with it, and a block ends in one fused BN+add+ReLU
 (minidl.ops.fused: one kernel sequence on a GPU, the unfused arithmetic elsewhere). With
+`fuse` (--fuse) the batch norms are fused into the convolutions instead (minidl.ops.normconv):
+each convolution also gives its output's statistics, the next applies BN and ReLU while it
+reads its input, and a block ends in one BN+add+ReLU that also normalizes a projection
+shortcut's output; only the blocks' inputs and outputs are written. With
 `compute_dtype` set to bf16 (--amp, minidl.amp) the residual stages run in bf16: the
 activations are cast after the stem's pooling and back to float32 before the average pool and
 the classifier.
@@ -39,6 +43,31 @@ def bn_relu(bn, x, residual=None):
     return ops.batch_norm_add_relu(x, residual, bn.weight, bn.bias, *state)
 
 
+def bn_of(bn):
+    """A BatchNorm2d module as the fused ops take it (its parameters, state and mode)."""
+    return ops.BN(bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.training, bn.momentum, bn.eps,
+                  bn.group_size)
+
+
+def conv_stats(conv, x, bn):
+    """conv(x) and its output's statistics for `bn`."""
+    return ops.conv2d_stats(x, conv.weight, conv.stride, conv.padding, bn.training, bn.group_size)
+
+
+def bn_relu_conv_stats(bn, y, stats, conv):
+    """conv(relu(bn(y))) and its output's statistics, relu(bn(y)) never written."""
+    return ops.bn_relu_conv2d_stats(y, stats, bn_of(bn), conv.weight, conv.stride, conv.padding)
+
+
+def block_end(bn, y, stats, x, downsample):
+    """relu(bn(y) + shortcut(x)), the shortcut's BN (a projection's) in the same pass."""
+    if downsample is None:
+        return ops.bn_add_relu(y, stats, bn_of(bn), x)
+    conv, residual_bn = downsample
+    residual, residual_stats = conv_stats(conv, x, residual_bn)
+    return ops.bn_add_relu(y, stats, bn_of(bn), residual, residual_stats, bn_of(residual_bn))
+
+
 def shortcut(in_channels, out_channels, stride):
     """The projection shortcut where the block changes shape; None (identity) otherwise."""
     if stride == 1 and in_channels == out_channels:
@@ -49,8 +78,9 @@ def shortcut(in_channels, out_channels, stride):
 class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, in_channels, planes, stride=1):
+    def __init__(self, in_channels, planes, stride=1, fuse=False):
         super().__init__()
+        self.fuse = fuse
         self.conv1 = conv3x3(in_channels, planes, stride)
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = conv3x3(planes, planes)
@@ -62,6 +92,9 @@ class BasicBlock(nn.Module):
         return self.bn2
 
     def forward(self, x):
+        if self.fuse:
+            y, stats = bn_relu_conv_stats(self.bn1, *conv_stats(self.conv1, x, self.bn1), self.conv2)
+            return block_end(self.bn2, y, stats, x, self.downsample)
         out = bn_relu(self.bn1, self.conv1(x))
         identity = x if self.downsample is None else self.downsample(x)
         return bn_relu(self.bn2, self.conv2(out), residual=identity)
@@ -70,8 +103,9 @@ class BasicBlock(nn.Module):
 class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, in_channels, planes, stride=1):
+    def __init__(self, in_channels, planes, stride=1, fuse=False):
         super().__init__()
+        self.fuse = fuse
         self.conv1 = conv1x1(in_channels, planes)
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = conv3x3(planes, planes, stride)
@@ -85,6 +119,10 @@ class Bottleneck(nn.Module):
         return self.bn3
 
     def forward(self, x):
+        if self.fuse:
+            y, stats = bn_relu_conv_stats(self.bn1, *conv_stats(self.conv1, x, self.bn1), self.conv2)
+            y, stats = bn_relu_conv_stats(self.bn2, y, stats, self.conv3)
+            return block_end(self.bn3, y, stats, x, self.downsample)
         out = bn_relu(self.bn1, self.conv1(x))
         out = bn_relu(self.bn2, self.conv2(out))
         identity = x if self.downsample is None else self.downsample(x)
@@ -93,17 +131,18 @@ class Bottleneck(nn.Module):
 
 class ResNet(nn.Module):
     """Stem (conv1, bn1 + ReLU, optional max pool), stages of residual blocks, global average
-    pool, classifier."""
+    pool, classifier. `fuse`: the batch norms fused into the convolutions (minidl.ops.normconv)."""
 
-    def __init__(self, stem, block, stage_planes, stage_blocks, num_classes, zero_init_residual):
+    def __init__(self, stem, block, stage_planes, stage_blocks, num_classes, zero_init_residual, fuse=False):
         super().__init__()
+        self.fuse = fuse
         self.conv1, self.bn1, self.maxpool = stem
         in_channels = stage_planes[0]
         for index, (planes, blocks) in enumerate(zip(stage_planes, stage_blocks)):
             stride = 1 if index == 0 else 2
             stage = []
             for b in range(blocks):
-                stage.append(block(in_channels, planes, stride if b == 0 else 1))
+                stage.append(block(in_channels, planes, stride if b == 0 else 1, fuse))
                 in_channels = planes * block.expansion
             setattr(self, f"layer{index + 1}", nn.Sequential(*stage))
         self.num_stages = len(stage_planes)
@@ -123,7 +162,10 @@ class ResNet(nn.Module):
         self.fc.bias.data[...] = 0
 
     def forward(self, x):
-        x = bn_relu(self.bn1, self.conv1(x))
+        if self.fuse:
+            x = ops.bn_add_relu(*conv_stats(self.conv1, x, self.bn1), bn_of(self.bn1))
+        else:
+            x = bn_relu(self.bn1, self.conv1(x))
         if self.maxpool is not None:
             x = self.maxpool(x)
         x = ops.to_compute_dtype(x, self.compute_dtype)  # the stem stays float32: 3 input channels, float32 pooling kernels
@@ -144,14 +186,16 @@ def cifar_stem():
 
 
 def _imagenet_resnet(block, stage_blocks):
-    def build(num_classes=1000, zero_init_residual=False):
-        return ResNet(imagenet_stem(), block, (64, 128, 256, 512), stage_blocks, num_classes, zero_init_residual)
+    def build(num_classes=1000, zero_init_residual=False, fuse=False):
+        return ResNet(imagenet_stem(), block, (64, 128, 256, 512), stage_blocks, num_classes, zero_init_residual,
+                      fuse)
     return build
 
 
 def _cifar_resnet(depth):
-    def build(num_classes=10, zero_init_residual=False):
-        return ResNet(cifar_stem(), BasicBlock, (16, 32, 64), [(depth - 2) // 6] * 3, num_classes, zero_init_residual)
+    def build(num_classes=10, zero_init_residual=False, fuse=False):
+        return ResNet(cifar_stem(), BasicBlock, (16, 32, 64), [(depth - 2) // 6] * 3, num_classes, zero_init_residual,
+                      fuse)
     return build
 
 

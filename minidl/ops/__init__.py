@@ -10,7 +10,9 @@ from minidl.ops.fused import batch_norm_add_relu, batch_norm_relu
 from minidl.ops.linear import linear
 from minidl.ops.loss import softmax_cross_entropy
 from minidl.ops.norm import batch_norm
+from minidl.ops.normconv import BN, bn_add_relu, bn_relu_conv2d_stats, conv2d_stats
 from minidl.ops.pool import global_avg_pool, max_pool2d
 
-__all__ = ["add", "batch_norm", "batch_norm_add_relu", "batch_norm_relu", "conv2d", "global_avg_pool",
-           "linear", "max_pool2d", "relu", "softmax_cross_entropy", "to_compute_dtype", "to_float"]
+__all__ = ["BN", "add", "batch_norm", "batch_norm_add_relu", "batch_norm_relu", "bn_add_relu", "bn_relu_conv2d_stats",
+           "conv2d", "conv2d_stats", "global_avg_pool", "linear", "max_pool2d", "relu", "softmax_cross_entropy",
+           "to_compute_dtype", "to_float"]

@@ -18,6 +18,13 @@ consumed while still in cache, and the chunks run on all cores. The padded image
 im2col block of a chunk live in per-thread work arrays (minidl.workspace), reused every step.
 Where the whole batch is one chunk (the deep layers of an ImageNet ResNet: few pixels, large
 weights), the matrix product is split over column blocks instead, so it still uses all cores.
+
+Two optional per-chunk hooks let a fused op (minidl.ops.normconv) ride along the passes:
+`load(src, dst, first)` writes the convolution's actual input for images first, first + 1, ...
+from `src` into `dst` (both image rows, (images, H, W·C); dst may be the padded work array's
+interior) where the plain pass copies its input, or reads it in place (1×1, stride 1); and
+`store(block, first[, loaded])` sees each chunk's result (y in forward, dL/dx in backward, NHWC)
+while it is in cache, with the loaded input of those images where the pass has it.
 """
 from minidl import workspace
 from minidl.backend import BF16, get_array_module
@@ -43,18 +50,39 @@ def windows(x_padded, kernel_h, kernel_w, stride, out_h, out_w):
         (sn, sh * stride, sw * stride, sh, sw, sc))
 
 
-def im2col(x, kernel_h, kernel_w, stride, padding):
+def image_rows(a):
+    """An (N, H, W, C) array as (N, H, W·C): a view where each image row is contiguous."""
+    n, h, w, c = a.shape
+    return a.reshape(n, h, w * c)
+
+
+def loaded(x, load, first):
+    """load's result for the images of x (the first being image `first` of the batch), in a
+    per-thread work array: valid until this thread's next call."""
+    out = workspace.scratch("loaded", x.shape, x)
+    load(image_rows(x), image_rows(out), first)
+    return out
+
+
+def im2col(x, kernel_h, kernel_w, stride, padding, load=None, first=0):
     """The (N·P·Q, R·S·C) matrix of receptive fields, in a per-thread work array (a view of x
-    itself when the conv is 1×1, stride 1): valid until this thread's next im2col."""
+    itself when the conv is 1×1, stride 1, without `load`): valid until this thread's next im2col.
+    With `load`, the fields of load's result for x's images (the first being image `first`)."""
     n, h, w, c = x.shape
     p, q = output_size(h, kernel_h, stride, padding), output_size(w, kernel_w, stride, padding)
+    if padding:
+        padded = workspace.zero_bordered((n, h + 2 * padding, w + 2 * padding, c), padding, x)
+        interior = padded.reshape(n, h + 2 * padding, -1)[:, padding:padding + h, padding * c:(padding + w) * c]
+        if load is None:
+            interior[...] = image_rows(x)
+        else:
+            load(image_rows(x), interior, first)
+        x = padded
+    elif load is not None:
+        x = loaded(x, load, first)
     if kernel_h == kernel_w == 1 and padding == 0 and stride == 1:
         return x.reshape(n * h * w, c)
     xp = get_array_module(x)
-    if padding:
-        padded = workspace.zero_bordered((n, h + 2 * padding, w + 2 * padding, c), padding, x)
-        padded[:, padding:padding + h, padding:padding + w, :] = x
-        x = padded
     cols = workspace.scratch("im2col", (n * p * q, kernel_h * kernel_w * c), x)
     xp.copyto(cols.reshape(n, p, q, kernel_h, kernel_w, c), windows(x, kernel_h, kernel_w, stride, p, q))
     return cols
@@ -101,13 +129,13 @@ def _over_chunks(chunk, pieces):
     return run_all(chunk, pieces)
 
 
-def correlate(x, w, stride, padding):
-    """The convolution itself: (N, H, W, C) * (K, R, S, C) -> (N, P, Q, K)."""
+def correlate(x, w, stride, padding, load=None, store=None):
+    """The convolution itself: (N, H, W, C) * (K, R, S, C) -> (N, P, Q, K) (hooks: see above)."""
     k, r, s, _ = w.shape
-    return _correlate(x, w.reshape(k, -1).T, r, s, stride, padding)
+    return _correlate(x, w.reshape(k, -1).T, r, s, stride, padding, load, store)
 
 
-def _correlate(x, w_t, kernel_h, kernel_w, stride, padding):
+def _correlate(x, w_t, kernel_h, kernel_w, stride, padding, load=None, store=None):
     """The convolution with its weights as the (R·S·C, K) matrix w_t: row (r, s, c) holds the K
     taps at that window position."""
     n, h, width, _ = x.shape
@@ -120,7 +148,10 @@ def _correlate(x, w_t, kernel_h, kernel_w, stride, padding):
     y = xp.empty((n, p, q, k), dtype=xp.result_type(x, w_t))
 
     def chunk(start, stop, multiply=xp.matmul):
-        multiply(im2col(x[start:stop], kernel_h, kernel_w, stride, padding), w_t, out=y[start:stop].reshape(-1, k))
+        cols = im2col(x[start:stop], kernel_h, kernel_w, stride, padding, load, start)
+        multiply(cols, w_t, out=y[start:stop].reshape(-1, k))
+        if store is not None:
+            store(y[start:stop], start)
 
     _over_chunks(chunk, _image_chunks(n, p, q, w_t.shape[0], w_t.itemsize))
     return y
@@ -143,11 +174,11 @@ def _input_grad_is_correlation(gy, w, stride, padding):
     return stride == 1 and r == s and padding < r and (r == 1 or gy.size // k > k)
 
 
-def grad_input(gy, w, x_shape, stride, padding):
+def grad_input(gy, w, x_shape, stride, padding, store=None):
     """dL/dx (see _input_grad_is_correlation for the method)."""
     k, r, s, _ = w.shape
     if _input_grad_is_correlation(gy, w, stride, padding):
-        return _correlate(gy, flipped_weights(w), r, s, 1, r - 1 - padding)
+        return _correlate(gy, flipped_weights(w), r, s, 1, r - 1 - padding, store=store)
     xp = get_array_module(gy)
     w2d = w.reshape(k, -1)
     gx = xp.empty(x_shape, dtype=gy.dtype)
@@ -157,12 +188,14 @@ def grad_input(gy, w, x_shape, stride, padding):
         cols = workspace.scratch("col2im", (gy2d.shape[0], w2d.shape[1]), gy)
         multiply(gy2d, w2d, out=cols)
         col2im_add(cols, gx[start:stop], r, s, stride, padding)
+        if store is not None:
+            store(gx[start:stop], start)
 
     _over_chunks(chunk, _image_chunks(x_shape[0], *gy.shape[1:3], w2d.shape[1], w.itemsize))
     return gx
 
 
-def grad_weight(x, gy, w, stride, padding):
+def grad_weight(x, gy, w, stride, padding, load=None):
     """dL/dw = Σ over chunks of dy_chunk.T @ cols_chunk, summed in chunk order. Over several
     chunks each partial is taken transposed, cols_chunk.T @ dy_chunk: BLAS runs that shape
     faster where K is small, and the sum is transposed once at the end."""
@@ -171,15 +204,15 @@ def grad_weight(x, gy, w, stride, padding):
     pieces = _image_chunks(x.shape[0], *gy.shape[1:3], r * s * c, w.itemsize)
     if len(pieces) == 1:
         gw = xp.empty((k, r * s * c), dtype=xp.result_type(x, gy))
-        return matmul(gy.reshape(-1, k).T, im2col(x, r, s, stride, padding), gw).reshape(w.shape)
+        return matmul(gy.reshape(-1, k).T, im2col(x, r, s, stride, padding, load), gw).reshape(w.shape)
 
     def chunk(start, stop):
-        return im2col(x[start:stop], r, s, stride, padding).T @ gy[start:stop].reshape(-1, k)
+        return im2col(x[start:stop], r, s, stride, padding, load, start).T @ gy[start:stop].reshape(-1, k)
 
     return xp.ascontiguousarray(sum_in_order(run_all(chunk, pieces)).T).reshape(w.shape)
 
 
-def _grads_from_dy_windows(gy, w, x, padding):
+def _grads_from_dy_windows(gy, w, x, padding, load=None, store=None):
     """(dL/dx, dL/dw) of a stride-1 convolution from ONE im2col of dy per chunk: its row for input pixel (h, w) holds every dy that pixel contributed to, at
     window position (r', s') = (R−1−r, S−1−s). So dx = cols @ flipped_weights(w), and
     colsᵀ @ x, summed over chunks, is dL/dw with rows (r', s', k): flipped back at the end."""
@@ -194,19 +227,24 @@ def _grads_from_dy_windows(gy, w, x, padding):
     def chunk(start, stop, multiply=xp.matmul):
         cols = im2col(gy[start:stop], r, s, 1, pad)
         multiply(cols, w_flipped, out=gx[start:stop].reshape(-1, c))
-        x2d = x[start:stop].reshape(-1, c)
-        return multiply(cols.T, x2d, out=xp.empty((cols.shape[1], c), dtype=gx.dtype))
+        x_in = x[start:stop] if load is None else loaded(x[start:stop], load, start)
+        gw_part = multiply(cols.T, x_in.reshape(-1, c), out=xp.empty((cols.shape[1], c), dtype=gx.dtype))
+        if store is not None:
+            store(gx[start:stop], start, x_in)
+        return gw_part
 
     parts = _over_chunks(chunk, _image_chunks(n, h, width, r * s * k, w.itemsize))
     gw = sum_in_order(parts).reshape(r, s, k, c)[::-1, ::-1].transpose(2, 0, 1, 3)
     return gx, xp.ascontiguousarray(gw)
 
 
-def grads(gy, x, w, stride, padding, input_grad=True):
-    """(dL/dx or None where not input_grad, dL/dw) for Conv2d.backward."""
+def grads(gy, x, w, stride, padding, input_grad=True, load=None, store=None):
+    """(dL/dx or None where not input_grad, dL/dw) for Conv2d.backward; with `load`, of the
+    convolution of load's result for x; `store` sees the chunks of dL/dx."""
     if input_grad and _input_grad_is_correlation(gy, w, stride, padding):
-        return _grads_from_dy_windows(gy, w, x, padding)
-    return grad_input(gy, w, x.shape, stride, padding) if input_grad else None, grad_weight(x, gy, w, stride, padding)
+        return _grads_from_dy_windows(gy, w, x, padding, load, store)
+    gx = grad_input(gy, w, x.shape, stride, padding, store) if input_grad else None
+    return gx, grad_weight(x, gy, w, stride, padding, load)
 
 
 class Conv2d(Op):
@@ -220,8 +258,12 @@ class Conv2d(Op):
         self.x, self.w, self.has_bias = x, w, b is not None
         return add_bias(correlate(x, w, self.stride, self.padding), b)
 
-    def backward_reference(self, gy):  # as on the GPU: no grad-input for an input that needs none
-        gx, gw = grads(gy, self.x, self.w, self.stride, self.padding, self.inputs[0].requires_grad)
+    def input_grad_wanted(self):
+        """Whether backward computes dL/dx: not for an input that needs none (the image)."""
+        return self.inputs[0].requires_grad
+
+    def backward_reference(self, gy):
+        gx, gw = grads(gy, self.x, self.w, self.stride, self.padding, self.input_grad_wanted())
         return with_bias_grad(gy, self.has_bias, gx, gw)
 
     def forward_kernels(self, gpu, x, w, b=None):
@@ -231,7 +273,7 @@ class Conv2d(Op):
 
     def backward_kernels(self, gpu, gy):
         gx = None  # for an input that needs none, the image: the stem's costly grad-input
-        if self.inputs[0].requires_grad:
+        if self.input_grad_wanted():
             gx = gpu.conv_grad_input(gy, self.w, self.x.shape, self.stride, self.padding)
         gw = gpu.conv_grad_weight(self.x, gy, self.w_shape, self.stride, self.padding)
         return with_bias_grad(gy, self.has_bias, gx, gw)

@@ -110,58 +110,74 @@ class BatchNorm(Op):
         return gpu.batch_norm_backward(gy, self.x, self.saved, self.training)[:3]
 
     def forward_reference(self, x, gamma, beta):
-        xp = get_array_module(x)
         x2 = x.reshape(-1, x.shape[-1])
         if self.training:
-            count = x2.shape[0]
             mean, var = mean_and_variance(x2)
-            if self.running_mean is not None:
-                self._update_running(mean, var * (count / max(count - 1, 1)))
+            update_running(self.running_mean, self.running_var, self.momentum, mean, var, x2.shape[0])
         else:
             mean, var = self.running_mean, self.running_var
-        inv_std = 1.0 / xp.sqrt(var + self.eps)
-        scale = gamma * inv_std
+        inv_std, scale, shift = normalization(mean, var, gamma, beta, self.eps)
         self.x, self.mean, self.inv_std, self.scale = x, mean, inv_std, scale
-        return affine(x2, scale, beta - mean * scale).reshape(x.shape)
-
-    def _update_running(self, mean, unbiased_var):
-        m = self.momentum
-        self.running_mean *= 1 - m
-        self.running_mean += m * mean
-        self.running_var *= 1 - m
-        self.running_var += m * unbiased_var
+        return affine(x2, scale, shift).reshape(x.shape)
 
     def backward_reference(self, gy):
         xp = get_array_module(gy)
         channels = gy.shape[-1]
         gy2, x2 = gy.reshape(-1, channels), self.x.reshape(-1, channels)
-        mean, inv_std, scale = self.mean, self.inv_std, self.scale
-        count = gy2.shape[0]
-        # dβ = Σ gy;  dγ = Σ gy·x̂ = inv_std·(Σ gy·x − mean·Σ gy)
         (gyw, r), xw = widened(gy2), widened(x2)[0]
-        gbeta, gy_dot_x = (fold(sums, channels) for sums in sum_rows(_gradient_sums, gyw, xw))
-        ggamma = inv_std * (gy_dot_x - mean * gbeta)
-        if not self.training:  # the statistics are constants: dx = gy·scale
-            return affine(gy2, scale).reshape(gy.shape), ggamma, gbeta
-        # dx = scale·(gy − dβ/M − x̂·dγ/M), with x̂ = (x − mean)·inv_std, regrouped as
-        # dx = gy·scale + x·c1 + c0
-        c1 = -scale * inv_std * ggamma / count
-        c0 = -scale * gbeta / count - c1 * mean
-        scale, c1, c0 = (xp.tile(v, r) for v in (scale, c1, c0))
+        gbeta, gy_dot_x = (fold(sums, channels) for sums in sum_rows(gradient_sums, gyw, xw))
+        ggamma, c1, c0 = gradient_coefficients(gbeta, gy_dot_x, self.mean, self.inv_std, self.scale, gy2.shape[0],
+                                               self.training)
+        if c1 is None:
+            return affine(gy2, self.scale).reshape(gy.shape), ggamma, gbeta
+        scale, c1, c0 = (xp.tile(v, r) for v in (self.scale, c1, c0))
         gx = xp.empty_like(gyw)
-
-        def chunk(g, x, out):
-            x_c1 = workspace.scratch("batch_norm", x.shape, x)
-            xp.multiply(g, scale, out=out)
-            xp.multiply(x, c1, out=x_c1)
-            out += x_c1
-            out += c0
-
-        map_rows(chunk, gyw, xw, gx)
+        map_rows(lambda g, x, out: input_gradient(g, x, scale, c1, c0, out), gyw, xw, gx)
         return gx.reshape(gy.shape), ggamma, gbeta
 
 
-def _gradient_sums(g, x):
+def update_running(running_mean, running_var, momentum, mean, var, count):
+    """running ← (1 − momentum)·running + momentum·batch, in place (nothing where running_mean
+    is None); the variance from the unbiased batch variance of `count` values."""
+    if running_mean is None:
+        return
+    unbiased_var = var * (count / max(count - 1, 1))
+    running_mean *= 1 - momentum
+    running_mean += momentum * mean
+    running_var *= 1 - momentum
+    running_var += momentum * unbiased_var
+
+
+def normalization(mean, var, gamma, beta, eps):
+    """(inv_std, scale, shift) per channel: BN(x) = x·scale + shift."""
+    inv_std = 1.0 / get_array_module(var).sqrt(var + eps)
+    scale = gamma * inv_std
+    return inv_std, scale, beta - mean * scale
+
+
+def gradient_coefficients(gbeta, gy_dot_x, mean, inv_std, scale, count, training):
+    """(dγ, c1, c0) from dβ = Σ gy and Σ gy·x over `count` values, for dx = gy·scale + x·c1 + c0;
+    c1 and c0 are None in evaluation, where the statistics are constants and dx = gy·scale."""
+    # dγ = Σ gy·x̂ = inv_std·(Σ gy·x − mean·Σ gy)
+    ggamma = inv_std * (gy_dot_x - mean * gbeta)
+    if not training:
+        return ggamma, None, None
+    # dx = scale·(gy − dβ/M − x̂·dγ/M), with x̂ = (x − mean)·inv_std, regrouped
+    c1 = -scale * inv_std * ggamma / count
+    return ggamma, c1, -scale * gbeta / count - c1 * mean
+
+
+def input_gradient(g, x, scale, c1, c0, out):
+    """out = g·scale + x·c1 + c0 over one chunk of rows (out may be g itself)."""
+    xp = get_array_module(g)
+    x_c1 = workspace.scratch("batch_norm", x.shape, x)
+    xp.multiply(g, scale, out=out)
+    xp.multiply(x, c1, out=x_c1)
+    out += x_c1
+    out += c0
+
+
+def gradient_sums(g, x):
     """(Σ g, Σ g·x) over the rows of one chunk, per column."""
     g_x = workspace.scratch("batch_norm", g.shape, g)
     get_array_module(g).multiply(g, x, out=g_x)

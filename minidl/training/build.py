@@ -28,7 +28,8 @@ def schedule_rows(config, world_size, dataset_size=None):
 
 def build_model(config, num_classes):
     nn.manual_seed(config.seed)
-    model = MODELS[config.model](num_classes=num_classes, zero_init_residual=config.zero_init_residual)
+    model = MODELS[config.model](num_classes=num_classes, zero_init_residual=config.zero_init_residual,
+                                 fuse=config.fuse)
     for _, module in model.named_modules():
         if isinstance(module, nn.BatchNorm2d):
             module.group_size = config.bn_group_size

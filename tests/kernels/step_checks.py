@@ -6,6 +6,9 @@ check_fused_op      minidl.ops.fused's GPU branch (plain, with a residual, ghost
                     statistics, every gradient (oracle.TOLERANCE)
 check_fused_block   a residual block (its fused ops) against the same block written with the
                     unfused ops, on the same device: output, every gradient, the statistics
+check_normconv_block  a block (or a network) with batch norm fused into its convolutions
+                    (minidl.ops.normconv) on the kernels against the same of separate ops in
+                    float64 (oracle.TOLERANCE)
 check_amp_step      a training step under autocast (bf16) against the float32 step: AMP_TOLERANCE
 check_graph_replay  DeviceStep steps replayed from a CUDA graph (GraphedStep) against the same
                     steps run eagerly, the rate changing every step and one batch of another size
@@ -27,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for help
 
 import oracle  # noqa: E402
 from helpers import unfused_block_forward  # noqa: E402
-from minidl import Tensor, nn, ops  # noqa: E402
+from minidl import Tensor, kernels, nn, ops  # noqa: E402
 from minidl.backend import get_array_module, to_numpy  # noqa: E402
 from minidl.training.device_step import DeviceStep  # noqa: E402
 from minidl.training.graph import GraphedStep  # noqa: E402
@@ -142,6 +145,37 @@ def check_fused_block(xp, build, x_shape, tolerance, seed=0):
     for index, (ours, theirs) in enumerate(zip(grads, ref_grads)):
         oracle.assert_close(ours, theirs, tolerance, f"block parameter {index} gradient")
     oracle.assert_close(buffers, ref_buffers, tolerance, "block BN statistics")
+
+
+def check_normconv_block(xp, build, x_shape, training, group_size, mode, seed=0):
+    """`build(fuse)` -> a block or a network: with fuse=True on float32 xp data (the kernels; mode "fp32" or
+    "tf32" convolutions), against fuse=False in float64 (the reference ops), within
+    oracle.TOLERANCE[mode]: output, input gradient, every parameter gradient, the statistics."""
+    gpu = kernels.active()
+    previous, gpu.allow_tf32 = gpu.allow_tf32, mode == "tf32"
+    try:
+        _check_normconv_block(xp, build, x_shape, training, group_size, oracle.TOLERANCE[mode], seed)
+    finally:
+        gpu.allow_tf32 = previous
+
+
+def _check_normconv_block(xp, build, x_shape, training, group_size, tolerance, seed):
+    rng = numpy.random.default_rng(seed)
+    x_host = rng.standard_normal(x_shape).astype(numpy.float32)
+    runs = []
+    for fuse, dtype in ((True, numpy.float32), (False, numpy.float64)):
+        nn.manual_seed(0)
+        block = randomize_norms(build(fuse).astype(dtype), seed=1).train(training)
+        for _, module in block.named_modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.group_size = group_size
+        x = Tensor(xp.asarray(x_host.astype(dtype)), requires_grad=True)
+        y = block(x)
+        y.backward(xp.asarray(numpy.random.default_rng(seed + 1).standard_normal(y.shape).astype(dtype)))
+        runs.append([y.data, x.grad.data] + [p.grad.data for p in block.parameters()] + [buffers_of(block)])
+    names = ["block output", "block input gradient"] + [f"parameter {i} gradient" for i in range(len(runs[0]) - 3)]
+    for name, ours, theirs in zip(names + ["BN statistics"], *runs):
+        oracle.assert_close(ours, theirs, tolerance, f"normconv {name}")
 
 
 # ---- a training step under autocast -------------------------------------------------------------

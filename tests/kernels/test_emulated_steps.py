@@ -1,6 +1,6 @@
 """The GPU path above single kernels, run on the CPU emulator (step_checks.py; the GPU cases run
-the same checks on ResNet-50 shapes): the fused ops' GPU branch, the fused residual blocks, a
-training step under autocast against the float32 step, and steps replayed through GraphedStep
+the same checks on ResNet-50 shapes): the fused ops' GPU branch, the fused residual blocks, the
+blocks with batch norm fused into their convolutions (the kernel composition), a training step under autocast against the float32 step, and steps replayed through GraphedStep
 against the same steps run eagerly. The CUDA graph itself exists only on a GPU: here a stand-in
 records the step function at capture (queuing no work, as a capturing stream does) and runs it
 at each launch, so what is tested is GraphedStep's own logic: warm-up, one capture, the static
@@ -43,12 +43,47 @@ def test_fused_block_matches_the_unfused_block_on_the_kernels(emulated_gpu, buil
     step_checks.check_fused_block(numpy, seeded(build), shape, tolerance=1e-6)
 
 
+# build(fuse), NHWC shape, training, group_size, modes: odd sizes, channel counts that take the
+# tensor-core tiles (multiples of 8) and the fp32 path. TF32 where the tolerance allows it: the
+# bottlenecks' batch norms over 18 to 60 values per channel amplify TF32's rounding to 3e-2 in
+# their gradients, the separate ops' block on the kernels exactly as much (measured). The tiny
+# ResNet adds the stem (conv2d_stats, then bn_add_relu without a residual).
+NORMCONV_BLOCKS = {
+    "basic, identity": (lambda fuse: BasicBlock(8, 8, fuse=fuse), (2, 5, 3, 8), True, None, ("fp32", "tf32")),
+    "basic, projection, stride 2, ghost groups of 2": (lambda fuse: BasicBlock(6, 8, 2, fuse), (4, 5, 6, 6), True, 2,
+                                                       ("fp32", "tf32")),
+    "bottleneck, projection, stride 2": (lambda fuse: Bottleneck(16, 8, 2, fuse), (2, 6, 5, 16), True, None,
+                                         ("fp32",)),
+    "bottleneck, identity, eval": (lambda fuse: Bottleneck(12, 3, fuse=fuse), (2, 3, 5, 12), False, None, ("fp32",)),
+    "tiny ResNet": (lambda fuse: ResNet(cifar_stem(), BasicBlock, (16, 16), (1, 1), 10, False, fuse), (2, 7, 6, 3),
+                    True, None, ("fp32",)),
+}
+
+
+@pytest.mark.parametrize("case, mode", [(case, mode) for case, spec in NORMCONV_BLOCKS.items() for mode in spec[-1]])
+def test_normconv_block_on_the_kernels_against_separate_ops(emulated_gpu, case, mode):
+    build, shape, training, group_size, _ = NORMCONV_BLOCKS[case]
+    step_checks.check_normconv_block(numpy, build, shape, training, group_size, mode)
+
+
 # CIFAR stem (16 channels), then one projecting and one identity block; channel counts are
 # multiples of 8, as the bf16 tiles need
 TINY_RESNETS = {
     "basic": lambda: ResNet(cifar_stem(), BasicBlock, (16, 32), (1, 1), 10, False),
     "bottleneck": lambda: ResNet(cifar_stem(), Bottleneck, (16,), (2,), 10, False),
 }
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_fused_model_steps_as_the_separate_ops_on_the_kernels_bit_for_bit(emulated_gpu, amp):
+    """Until fused kernels land, the fused ops compose the separate ops' launches: the same step."""
+    rng = numpy.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (2, 8, 8, 3), dtype=numpy.uint8), rng.integers(0, 10, 2)
+    steps = [step_checks.one_step(seeded(lambda: ResNet(cifar_stem(), BasicBlock, (16, 32), (1, 1), 10, False, fuse)),
+                                  images, labels, amp) for fuse in (True, False)]
+    (loss, grads, stats), (ref_loss, ref_grads, ref_stats) = steps
+    assert loss == ref_loss and numpy.array_equal(stats, ref_stats)
+    assert all(numpy.array_equal(g, r) for g, r in zip(grads, ref_grads))
 
 
 @pytest.mark.parametrize("name", TINY_RESNETS)

@@ -1,0 +1,251 @@
+"""Convolutions fused with the batch norms around them, after NVIDIA's MLPerf ResNet-50
+("normconv" blocks): no pass of its own touches the activations for batch norm. A residual
+chain is three ops:
+
+    y, stats = conv2d_stats(x, w, stride, padding, training, group_size)
+        the convolution, and per statistics group the mean and biased variance of its output
+        (stats: (groups, 2, K); groups as a batch norm of that `training` and `group_size` takes
+        them, none in evaluation)
+    y2, stats2 = bn_relu_conv2d_stats(y, stats, bn, w, stride, padding)
+        the convolution of relu(bn(y)) and its output's statistics (grouped as bn's); the
+        normalized activation is never written
+    out = bn_add_relu(y, stats, bn, residual=None, residual_stats=None, residual_bn=None)
+        relu(bn(y) + r) with r = 0 (the stem), the residual tensor (an identity shortcut), or
+        residual_bn(residual) with residual_stats (a projection shortcut's conv2d_stats output)
+
+`bn` is a `BN`: γ, β, the running statistics (updated in place in training exactly as
+minidl.ops.batch_norm updates them, group after group for ghost groups) and the mode and
+constants. A block's input and output stay materialized: the output is the next block's
+shortcut.
+
+CPU (the reference implementation, minidl.ops.norm_groups on the hooks of minidl.ops.conv):
+forward, each GEMM output chunk's moments are taken while it is in cache (merged in image order,
+as norm.py merges its chunks), and the next convolution writes relu(y·scale + shift) where it
+would copy its input: into the padded work array's interior (3×3), or a per-thread work array
+that the GEMM reads (1×1 stride 1; no im2col there). Backward recomputes that input from y in
+the same places: grad-weight's im2col (or the combined pass of a stride-1 convolution, which
+also masks its dL/dz chunk by the recomputed ReLU and takes BN's sums Σ g and Σ g·y while they
+are in cache); one pass then writes dL/dy = g·scale + y·c1 + c0. bn_add_relu is one pass each
+way: the backward masks by its output and takes the sums of both batch norms in that pass.
+Saved for backward: y (never relu(bn(y))), the block's output, the per-group statistics.
+
+Kernels: for now each op composes the existing launches (gpu.conv_forward, gpu.batch_norm_forward
+with the ReLU and the residual, their backward; minidl.ops.fused.kernels_forward), keeps
+relu(bn(y)) for grad-weight, and leaves `stats` empty (0 groups): the batch-norm kernels take
+the statistics themselves. Fused CUDA kernels replace the composition behind the same ops; what
+they compute is what the reference computes (the oracle):
+- stats: float32 (groups, 2, K), each group's mean and biased variance of y, the G groups being
+  N/G consecutive images each (none in evaluation); partial moments merged in a fixed order.
+- conv2d_stats: the conv epilogue also gives stats.
+- bn_relu_conv2d_stats: per group scale = γ·inv_std, shift = β − mean·scale from stats (the
+  running statistics updated group after group: (1 − m)·r + m·batch, the variance unbiased by
+  count/(count − 1)); the convolution's loader reads relu(y·scale + shift) (zero padding outside
+  the image, after the transform); its epilogue gives the stats of its output. Backward:
+  grad-input of the convolution masked by y·scale + shift > 0 in its epilogue (g), which also
+  reduces Σ g and Σ g·y per group and channel; grad-weight recomputing relu(y·scale + shift) in
+  its loader; then dL/dy = g·scale + y·c1 + c0 (norm.gradient_coefficients).
+- bn_add_relu: relu(y·scale + shift + r), r the residual or r_y·r_scale + r_shift; backward
+  masks by the output, reduces both batch norms' sums in that pass and writes both dL/dy.
+"""
+from typing import NamedTuple
+
+import numpy
+
+from minidl import workspace
+from minidl.backend import get_array_module
+from minidl.ops.conv import Conv2d, correlate, grads, image_rows
+from minidl.ops.dispatch import Op
+from minidl.ops.fused import kernels_backward, kernels_forward
+from minidl.ops.norm import statistics_groups
+from minidl.ops.norm_groups import GroupNorm, Moments
+from minidl.parallel import run_chunks
+
+
+class BN(NamedTuple):
+    """A batch norm as the fused ops take it: γ and β (Tensors), the running statistics (arrays,
+    or None: not tracked), the mode, momentum, ε, and the ghost-group size (None: the batch)."""
+    gamma: object
+    beta: object
+    running_mean: object = None
+    running_var: object = None
+    training: bool = True
+    momentum: float = 0.1
+    eps: float = 1e-5
+    group_size: int = None
+
+    @property
+    def norm_args(self):
+        return self.running_mean, self.running_var, self.training, self.momentum, self.eps
+
+    def over(self, stats, shape, gamma, beta):
+        """Its GroupNorm for an NHWC tensor of `shape` (γ, β: the arrays of the op's inputs)."""
+        return GroupNorm(stats, gamma, beta, *self.norm_args, self.group_size, shape)
+
+    def groups(self, n):
+        return statistics_groups(n, self.training, self.group_size)
+
+
+def empty_stats(like, channels):
+    """The statistics a kernel composition hands on: none (its batch-norm kernels take them)."""
+    return get_array_module(like).empty((0, 2, channels), dtype=numpy.float32)
+
+
+class Conv2dStats(Conv2d):
+    """(x, w) -> (y, stats)."""
+
+    def __init__(self, stride, padding, training, group_size, weight_bf16=None):
+        super().__init__(stride, padding, weight_bf16)
+        self.stats_of = training, group_size
+
+    def convolve(self, x, w, load=None):
+        self.x, self.w, self.has_bias = x, w, False
+        moments = Moments(len(x), *self.stats_of)
+        y = correlate(x, w, self.stride, self.padding, load, moments)
+        return y, moments.statistics(y)
+
+    def forward_reference(self, x, w):
+        return self.convolve(x, w)
+
+    def backward_reference(self, gy, _=None):
+        return super().backward_reference(gy)
+
+    def forward_kernels(self, gpu, x, w):
+        return super().forward_kernels(gpu, x, w), empty_stats(x, w.shape[0])
+
+    def backward_kernels(self, gpu, gy, _=None):
+        return super().backward_kernels(gpu, gy)
+
+
+class BNReLUConv2dStats(Conv2dStats):
+    """(y, stats, γ, β, w) -> (conv(relu(bn(y)), w), its stats)."""
+
+    def __init__(self, bn, stride, padding, weight_bf16=None):
+        super().__init__(stride, padding, bn.training, bn.group_size, weight_bf16)
+        self.bn = bn._replace(gamma=None, beta=None)  # the parameters' arrays come as inputs
+
+    def state_arrays(self):
+        return self.bn.running_mean, self.bn.running_var
+
+    def input_grad_wanted(self):  # dL/dz: batch norm's backward needs it for dγ and dβ
+        return True
+
+    def forward_reference(self, y, stats, gamma, beta, w):
+        self.norm = self.bn.over(stats, y.shape, gamma, beta)
+        return self.convolve(y, w, self.norm.load)
+
+    def backward_reference(self, gy, _=None):
+        y = self.x
+        gz, gw = grads(gy, y, self.w, self.stride, self.padding, load=self.norm.load, store=self._record_sums)
+        ggamma, gbeta = self.norm.input_gradient(gz, y, out=gz)
+        return gz, None, ggamma, gbeta, gw
+
+    def _record_sums(self, g, first, relu_input=True):
+        self.norm.record_sums(g, self.x[first:first + len(g)], first, relu_input)
+
+    def forward_kernels(self, gpu, y, stats, gamma, beta, w):
+        self.y, self.groups = y, self.bn.groups(len(y))
+        z, self.saved = kernels_forward(gpu, y, gamma, beta, self.bn.norm_args, self.groups, relu=True)
+        return super().forward_kernels(gpu, z, w)
+
+    def backward_kernels(self, gpu, gy, _=None):
+        gz, gw = super().backward_kernels(gpu, gy)
+        gy_in, ggamma, gbeta, _ = kernels_backward(gpu, gz, self.y, self.x, self.saved, self.groups,
+                                                   self.bn.training, False)
+        return gy_in, None, ggamma, gbeta, gw
+
+
+class BNAddReLU(Op):
+    """(y, stats, γ, β[, residual][, residual_stats, residual γ, residual β]) -> relu(bn(y) + r)."""
+
+    def __init__(self, bn, residual=False, residual_bn=None):
+        self.bn = bn._replace(gamma=None, beta=None)
+        self.residual_bn = None if residual_bn is None else residual_bn._replace(gamma=None, beta=None)
+        self.has_residual = residual
+
+    def state_arrays(self):
+        arrays = [self.bn.running_mean, self.bn.running_var]
+        if self.residual_bn is not None:
+            arrays += [self.residual_bn.running_mean, self.residual_bn.running_var]
+        return arrays
+
+    def forward_reference(self, y, stats, gamma, beta, residual=None, residual_stats=None, *residual_gamma_beta):
+        xp = get_array_module(y)
+        self.norm = self.bn.over(stats, y.shape, gamma, beta)
+        self.residual_norm = None
+        if self.residual_bn is not None:
+            self.residual_norm = self.residual_bn.over(residual_stats, residual.shape, *residual_gamma_beta)
+        out = xp.empty_like(y)
+
+        def chunk(first, stop):
+            rows = image_rows(out[first:stop])
+            self.norm.affine(image_rows(y[first:stop]), rows, first)
+            if self.residual_norm is not None:
+                normalized = workspace.scratch("residual", rows.shape, rows)
+                self.residual_norm.affine(image_rows(residual[first:stop]), normalized, first)
+                rows += normalized
+            elif residual is not None:
+                rows += image_rows(residual[first:stop])
+            xp.maximum(rows, self.norm.zero_row, out=rows)
+
+        run_chunks(chunk, len(y), 3 * y[0].nbytes)
+        self.y, self.residual, self.out = y, residual, out
+        return out
+
+    def backward_reference(self, gout):
+        xp = get_array_module(gout)
+        y, residual, out = self.y, self.residual, self.out
+        g = xp.empty_like(gout)  # dL/d(bn(y) + r): also the residual's gradient
+
+        def chunk(first, stop):
+            block = g[first:stop]
+            xp.multiply(gout[first:stop], out[first:stop] > 0, out=block)
+            self.norm.record_sums(block, y[first:stop], first)
+            if self.residual_norm is not None:
+                self.residual_norm.record_sums(block, residual[first:stop], first)
+
+        run_chunks(chunk, len(y), 3 * y[0].nbytes)
+        gy = xp.empty_like(g)
+        grads = (gy, None, *self.norm.input_gradient(g, y, gy))
+        if self.residual_norm is not None:
+            gresidual = xp.empty_like(g)
+            return (*grads, gresidual, None, *self.residual_norm.input_gradient(g, residual, gresidual))
+        return (*grads, g) if self.has_residual else grads
+
+    def forward_kernels(self, gpu, y, stats, gamma, beta, residual=None, _residual_stats=None, *residual_gamma_beta):
+        if self.residual_bn is not None:
+            self.residual_x, self.residual_groups = residual, self.residual_bn.groups(len(residual))
+            residual, self.residual_saved = kernels_forward(gpu, residual, *residual_gamma_beta,
+                                                            self.residual_bn.norm_args, self.residual_groups,
+                                                            relu=False)
+        self.y, self.groups = y, self.bn.groups(len(y))
+        self.out, self.saved = kernels_forward(gpu, y, gamma, beta, self.bn.norm_args, self.groups, residual)
+        return self.out
+
+    def backward_kernels(self, gpu, gout):
+        gy, ggamma, gbeta, gresidual = kernels_backward(gpu, gout, self.y, self.out, self.saved, self.groups,
+                                                        self.bn.training, self.has_residual)
+        grads = gy, None, ggamma, gbeta
+        if self.residual_bn is not None:
+            gresidual, gr_gamma, gr_beta, _ = kernels_backward(gpu, gresidual, self.residual_x, None,
+                                                               self.residual_saved, self.residual_groups,
+                                                               self.residual_bn.training, False)
+            return (*grads, gresidual, None, gr_gamma, gr_beta)
+        return (*grads, gresidual) if self.has_residual else grads
+
+
+def conv2d_stats(x, w, stride=1, padding=0, training=True, group_size=None):
+    """(conv2d(x, w), the statistics of its output for a batch norm of this mode and group size)."""
+    return Conv2dStats(stride, padding, training, group_size, getattr(w, "bf16", None))(x, w)
+
+
+def bn_relu_conv2d_stats(y, stats, bn, w, stride=1, padding=0):
+    """(conv2d(relu(bn(y)), w), its statistics) without writing relu(bn(y)); `stats` are y's."""
+    return BNReLUConv2dStats(bn, stride, padding, getattr(w, "bf16", None))(y, stats, bn.gamma, bn.beta, w)
+
+
+def bn_add_relu(y, stats, bn, residual=None, residual_stats=None, residual_bn=None):
+    """relu(bn(y) + r): r = 0, `residual`, or residual_bn(residual) with `residual_stats`."""
+    inputs = [y, stats, bn.gamma, bn.beta] + ([] if residual is None else [residual])
+    if residual_bn is not None:
+        inputs += [residual_stats, residual_bn.gamma, residual_bn.beta]
+    return BNAddReLU(bn, residual is not None, residual_bn)(*inputs)
