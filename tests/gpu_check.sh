@@ -15,21 +15,24 @@
 # fails or runs out of time is recorded as such and the next one still runs:
 #   env            10 s   versions, device                              env.json
 #   nvcc           30 s   sm_90 compile, registers/spills per kernel    nvcc.json
-#   autotune       90 s   every plan (v1, each v2 tile and split) of    autotune.json
+#   autotune       85 s   every plan (v1, each v2 tile and split) of    autotune.json
 #                         every ResNet-50 convolution at batch 256 and
 #                         32, bf16: v1 vs v2 per shape and the choice
-#   gpu_tests     130 s   the bf16 and CUDA-graph cases first, then     gpu_tests.json
-#                         every kernel on every ResNet-50 shape; stops
-#                         starting new cases at 105 s
-#   bench_kernels  60 s   python -m minidl.bench kernels (incremental)  bench_kernels.json
-#   bench_step    100 s   ResNet-50, batch 256, 224x224, --amp          bench_step.json
+#   gpu_tests     120 s   the bf16 and CUDA-graph cases first, then     gpu_tests.json
+#                         every kernel on every ResNet-50 shape and
+#                         every fused plan; stops starting new cases
+#                         at 100 s
+#   bench_kernels  50 s   python -m minidl.bench kernels (incremental)  bench_kernels.json
+#   bench_step     65 s   ResNet-50, batch 256, 224x224, --amp          bench_step.json
 #                         --cuda-graph, against PyTorch eager (cuDNN,
 #                         bf16 autocast, channels_last)
+#   bench_fused    65 s   the same with --fuse (batch norm inside the    bench_fused.json
+#                         convolutions; its passes tuned in warm-up)
 #   two_ranks      45 s   2 ranks on the one GPU through the MPI        two_ranks.json
 #                         backend (CuPy buffers staged through host
 #                         memory; NCCL refuses two ranks on a device)
 #   report         10 s   everything above in one file                  report.json
-# Worst case (every part at its limit) 475 s. The autotuner's cache (MINIDL_CACHE, a temporary
+# Worst case (every part at its limit) 480 s. The autotuner's cache (MINIDL_CACHE, a temporary
 # folder shared by the parts) makes the later parts start tuned. Exit status 0 when every part
 # passed.
 set -u
@@ -89,14 +92,16 @@ print(info)
 EOF
 
 part nvcc 30 "$PY" tests/kernels/nvcc_check.py --json "$OUT/nvcc.json"
-part autotune 90 "$PY" -m minidl.bench autotune --batch-sizes 256,32 --modes bf16 --json "$OUT/autotune.json"
-part gpu_tests 130 "$PY" tests/kernels/gpu_cases.py --json "$OUT/gpu_tests.json" --seconds 105 \
+part autotune 85 "$PY" -m minidl.bench autotune --batch-sizes 256,32 --modes bf16 --json "$OUT/autotune.json"
+part gpu_tests 120 "$PY" tests/kernels/gpu_cases.py --json "$OUT/gpu_tests.json" --seconds 100 \
     ${EARLIER:+--skip-passed "$EARLIER"}
-part bench_kernels 60 "$PY" -m minidl.bench kernels --json "$OUT/bench_kernels.json"
-part bench_step 100 "$PY" -m minidl.bench step --device gpu --amp --cuda-graph --vs-torch --model resnet50 \
-    --batch-size 256 --image-size 224 --warmup 3 --iters 10 --json
-# the step benchmark prints its JSON line last
-tail -n 1 "$OUT/bench_step.log" > "$OUT/bench_step.json"
+part bench_kernels 50 "$PY" -m minidl.bench kernels --json "$OUT/bench_kernels.json"
+for fuse in no-fuse fuse; do
+    name=$([ $fuse = fuse ] && echo bench_fused || echo bench_step)
+    part $name 65 "$PY" -m minidl.bench step --device gpu --amp --cuda-graph --vs-torch --model resnet50 \
+        --batch-size 256 --image-size 224 --warmup 3 --iters 10 --$fuse --json
+    tail -n 1 "$OUT/$name.log" > "$OUT/$name.json"  # the step benchmark prints its JSON line last
+done
 part two_ranks 45 bash tests/gpu_two_ranks.sh "$OUT/two_ranks.json"
 
 part report 10 "$PY" - "$OUT" <<'EOF'
@@ -117,7 +122,8 @@ for p in parts:
 report = {"parts": parts, "passed": all(p["rc"] == 0 for p in parts),
           "env": load("env.json"), "nvcc": load("nvcc.json"), "autotune": load("autotune.json"),
           "gpu_tests": load("gpu_tests.json"), "bench_kernels": load("bench_kernels.json"),
-          "bench_step": load("bench_step.json"), "two_ranks": load("two_ranks.json")}
+          "bench_step": load("bench_step.json"), "bench_fused": load("bench_fused.json"),
+          "two_ranks": load("two_ranks.json")}
 with open(os.path.join(out, "report.json"), "w") as f:
     json.dump(report, f, indent=1)
 tests = report["gpu_tests"].get("counts", report["gpu_tests"])
@@ -127,8 +133,8 @@ tuned = report["autotune"]
 print("autotune:", {k: tuned.get(k) for k in ("tuned", "seconds")},
       "v2 chosen:", sum(r["choice"].startswith("v2") for r in tuned.get("rows", [])), "of", len(tuned.get("rows", [])))
 print("two ranks on one GPU:", report["two_ranks"])
-step = report["bench_step"]
-print("step bench (target >= 1.0 PyTorch eager):", {k: step.get(k) for k in ("minidl_img_per_s", "torch_img_per_s", "ratio",
-                                                                      "minidl_peak_mb", "torch_peak_mb")})
+keys = ("minidl_img_per_s", "torch_img_per_s", "ratio", "minidl_peak_mb", "torch_peak_mb")
+print("step bench (target >= 1.0 PyTorch eager):", {k: report["bench_step"].get(k) for k in keys})
+print("step bench --fuse (target >= 1.2, peak <= 1.0):", {k: report["bench_fused"].get(k) for k in keys})
 EOF
 "$PY" -c "import json,sys; sys.exit(0 if json.load(open('$OUT/report.json'))['passed'] else 1)" 2>/dev/null

@@ -267,9 +267,13 @@ class Conv2d(Op):
         return with_bias_grad(gy, self.has_bias, gx, gw)
 
     def forward_kernels(self, gpu, x, w, b=None):
-        self.x, self.w_shape, self.has_bias = x, w.shape, b is not None
-        self.w = self.weight_bf16 if x.dtype == BF16 and self.weight_bf16 is not None else gpu.cast(w, x.dtype)
+        self.keep_for_kernels(gpu, x, w, b is not None)
         return add_bias(gpu.conv_forward(x, self.w, self.stride, self.padding), b)
+
+    def keep_for_kernels(self, gpu, x, w, has_bias=False):
+        """What backward_kernels reads: x, the weight in x's type (its bf16 copy where kept)."""
+        self.x, self.w_shape, self.has_bias = x, w.shape, has_bias
+        self.w = self.weight_bf16 if x.dtype == BF16 and self.weight_bf16 is not None else gpu.cast(w, x.dtype)
 
     def backward_kernels(self, gpu, gy):
         gx = None  # for an input that needs none, the image: the stem's costly grad-input

@@ -29,23 +29,18 @@ are in cache); one pass then writes dL/dy = g·scale + y·c1 + c0. bn_add_relu i
 way: the backward masks by its output and takes the sums of both batch norms in that pass.
 Saved for backward: y (never relu(bn(y))), the block's output, the per-group statistics.
 
-Kernels: for now each op composes the existing launches (gpu.conv_forward, gpu.batch_norm_forward
-with the ReLU and the residual, their backward; minidl.ops.fused.kernels_forward), keeps
-relu(bn(y)) for grad-weight, and leaves `stats` empty (0 groups): the batch-norm kernels take
-the statistics themselves. Fused CUDA kernels replace the composition behind the same ops; what
-they compute is what the reference computes (the oracle):
-- stats: float32 (groups, 2, K), each group's mean and biased variance of y, the G groups being
-  N/G consecutive images each (none in evaluation); partial moments merged in a fixed order.
-- conv2d_stats: the conv epilogue also gives stats.
-- bn_relu_conv2d_stats: per group scale = γ·inv_std, shift = β − mean·scale from stats (the
-  running statistics updated group after group: (1 − m)·r + m·batch, the variance unbiased by
-  count/(count − 1)); the convolution's loader reads relu(y·scale + shift) (zero padding outside
-  the image, after the transform); its epilogue gives the stats of its output. Backward:
-  grad-input of the convolution masked by y·scale + shift > 0 in its epilogue (g), which also
-  reduces Σ g and Σ g·y per group and channel; grad-weight recomputing relu(y·scale + shift) in
-  its loader; then dL/dy = g·scale + y·c1 + c0 (norm.gradient_coefficients).
-- bn_add_relu: relu(y·scale + shift + r), r the residual or r_y·r_scale + r_shift; backward
-  masks by the output, reduces both batch norms' sums in that pass and writes both dL/dy.
+Kernels (minidl.kernels.normconv, which says what runs where): the statistics come from the
+convolution's epilogue as float32 (groups, 2, K), merged in a fixed order; `bn_affine` turns a
+batch norm's statistics into each group's scale, shift, mean and 1/std (the running statistics
+updated group after group: (1 − m)·r + m·batch, the variance unbiased by count/(count − 1)); the
+next convolution reads relu(y·scale + shift) as it loads y (zero padding outside the image,
+after the transform). Backward: grad-input masked by y·scale + shift > 0 in its epilogue, which
+also gives Σ g and Σ g·(y − mean) per group and channel; grad-weight reading relu(y·scale +
+shift) as it loads; then dL/dy = g·scale + (y − mean)·k1 + k0. bn_add_relu is relu(y·scale +
+shift + r), r the residual or r_y·r_scale + r_shift; its backward masks by the output. Each
+fused pass is tuned like the plain ones; its v1 plan composes the separate ops' kernels, so
+without a tuner (MINIDL_AUTOTUNE=0) the fused ops compute in float32 exactly what the separate
+ops do (in bf16 a projection's normalized shortcut is added before it is rounded).
 """
 from typing import NamedTuple
 
@@ -55,7 +50,6 @@ from minidl import workspace
 from minidl.backend import get_array_module
 from minidl.ops.conv import Conv2d, correlate, grads, image_rows
 from minidl.ops.dispatch import Op
-from minidl.ops.fused import kernels_backward, kernels_forward
 from minidl.ops.norm import statistics_groups
 from minidl.ops.norm_groups import GroupNorm, Moments
 from minidl.parallel import run_chunks
@@ -84,9 +78,21 @@ class BN(NamedTuple):
     def groups(self, n):
         return statistics_groups(n, self.training, self.group_size)
 
+    def group_images(self, n):
+        """Images per statistics group of a batch of n (evaluation: one group, the batch)."""
+        first = self.groups(n)[0]
+        return first.stop - first.start
 
-def empty_stats(like, channels):
-    """The statistics a kernel composition hands on: none (its batch-norm kernels take them)."""
+    def kernel_norm(self, gpu, stats, shape, gamma, beta):
+        """The kernels' norm array (minidl.kernels.batchnorm) for an NHWC input of `shape` with
+        these statistics (training; the running statistics updated) or none (evaluation)."""
+        n, h, w, _ = shape
+        return gpu.batch_norm_affine(stats, gamma, beta, self.running_mean, self.running_var, self.momentum, self.eps,
+                                     self.group_images(n) * h * w)
+
+
+def no_stats(like, channels):
+    """The statistics of an output no batch norm in training follows: none."""
     return get_array_module(like).empty((0, 2, channels), dtype=numpy.float32)
 
 
@@ -109,8 +115,19 @@ class Conv2dStats(Conv2d):
     def backward_reference(self, gy, _=None):
         return super().backward_reference(gy)
 
-    def forward_kernels(self, gpu, x, w):
-        return super().forward_kernels(gpu, x, w), empty_stats(x, w.shape[0])
+    def forward_kernels(self, gpu, x, w, norm=None, images=None):
+        """The convolution (of relu(x·scale + shift) with `norm`, of images per group `images`) and,
+        in training, its output's statistics, taken inside the kernel where a plan allows."""
+        self.keep_for_kernels(gpu, x, w)
+        training, group_size = self.stats_of
+        stats_images = BN(None, None, training=training, group_size=group_size).group_images(len(x))
+        if not training:
+            y = (gpu.conv_forward(x, self.w, self.stride, self.padding) if norm is None else
+                 gpu.conv_forward_fused(x, self.w, self.stride, self.padding, norm, images)[0])
+            return y, no_stats(x, w.shape[0])
+        if norm is not None and images != stats_images:
+            raise ValueError(f"the input's batch norm groups {images} images, the output's {stats_images}")
+        return gpu.conv_forward_fused(x, self.w, self.stride, self.padding, norm, stats_images, stats=True)
 
     def backward_kernels(self, gpu, gy, _=None):
         return super().backward_kernels(gpu, gy)
@@ -143,14 +160,14 @@ class BNReLUConv2dStats(Conv2dStats):
         self.norm.record_sums(g, self.x[first:first + len(g)], first, relu_input)
 
     def forward_kernels(self, gpu, y, stats, gamma, beta, w):
-        self.y, self.groups = y, self.bn.groups(len(y))
-        z, self.saved = kernels_forward(gpu, y, gamma, beta, self.bn.norm_args, self.groups, relu=True)
-        return super().forward_kernels(gpu, z, w)
+        self.norm, self.images = self.bn.kernel_norm(gpu, stats, y.shape, gamma, beta), self.bn.group_images(len(y))
+        return super().forward_kernels(gpu, y, w, self.norm, self.images)
 
     def backward_kernels(self, gpu, gy, _=None):
-        gz, gw = super().backward_kernels(gpu, gy)
-        gy_in, ggamma, gbeta, _ = kernels_backward(gpu, gz, self.y, self.x, self.saved, self.groups,
-                                                   self.bn.training, False)
+        y, norm, images = self.x, self.norm, self.images
+        g, sums, relu_output = gpu.conv_grad_input_fused(gy, self.w, y, norm, images, self.stride, self.padding)
+        gw = gpu.conv_grad_weight_fused(y, gy, self.w_shape, norm, images, self.stride, self.padding)
+        gy_in, ggamma, gbeta = gpu.norm_backward(g, y, norm, sums, relu_output, images, self.bn.training)
         return gy_in, None, ggamma, gbeta, gw
 
 
@@ -211,24 +228,24 @@ class BNAddReLU(Op):
             return (*grads, gresidual, None, *self.residual_norm.input_gradient(g, residual, gresidual))
         return (*grads, g) if self.has_residual else grads
 
-    def forward_kernels(self, gpu, y, stats, gamma, beta, residual=None, _residual_stats=None, *residual_gamma_beta):
+    def forward_kernels(self, gpu, y, stats, gamma, beta, residual=None, residual_stats=None, *residual_gamma_beta):
+        self.images = self.bn.group_images(len(y))
+        self.norm = self.bn.kernel_norm(gpu, stats, y.shape, gamma, beta)
+        self.residual_norm = None
         if self.residual_bn is not None:
-            self.residual_x, self.residual_groups = residual, self.residual_bn.groups(len(residual))
-            residual, self.residual_saved = kernels_forward(gpu, residual, *residual_gamma_beta,
-                                                            self.residual_bn.norm_args, self.residual_groups,
-                                                            relu=False)
-        self.y, self.groups = y, self.bn.groups(len(y))
-        self.out, self.saved = kernels_forward(gpu, y, gamma, beta, self.bn.norm_args, self.groups, residual)
+            if self.residual_bn.group_images(len(y)) != self.images:
+                raise ValueError("bn_add_relu: the two batch norms must take their statistics over the same groups")
+            self.residual_norm = self.residual_bn.kernel_norm(gpu, residual_stats, residual.shape, *residual_gamma_beta)
+        self.y, self.residual = y, residual
+        self.out = gpu.norm_add_relu(y, self.norm, self.images, residual, self.residual_norm)
         return self.out
 
     def backward_kernels(self, gpu, gout):
-        gy, ggamma, gbeta, gresidual = kernels_backward(gpu, gout, self.y, self.out, self.saved, self.groups,
-                                                        self.bn.training, self.has_residual)
+        gy, ggamma, gbeta, gresidual = gpu.norm_add_relu_backward(
+            gout, self.out, self.y, self.norm, self.images, self.bn.training, self.residual, self.residual_norm)
         grads = gy, None, ggamma, gbeta
         if self.residual_bn is not None:
-            gresidual, gr_gamma, gr_beta, _ = kernels_backward(gpu, gresidual, self.residual_x, None,
-                                                               self.residual_saved, self.residual_groups,
-                                                               self.residual_bn.training, False)
+            gresidual, gr_gamma, gr_beta = gresidual
             return (*grads, gresidual, None, gr_gamma, gr_beta)
         return (*grads, gresidual) if self.has_residual else grads
 

@@ -1,10 +1,12 @@
 """The GPU path above single kernels, run on the CPU emulator (step_checks.py; the GPU cases run
 the same checks on ResNet-50 shapes): the fused ops' GPU branch, the fused residual blocks, the
-blocks with batch norm fused into their convolutions (the kernel composition), a training step under autocast against the float32 step, and steps replayed through GraphedStep
-against the same steps run eagerly. The CUDA graph itself exists only on a GPU: here a stand-in
-records the step function at capture (queuing no work, as a capturing stream does) and runs it
-at each launch, so what is tested is GraphedStep's own logic: warm-up, one capture, the static
-batch buffers, the rate through device scalars, the eager path for another batch size."""
+blocks and networks with batch norm fused into their convolutions (the v1 composition, and the
+v2 kernels against the float32 step), a training step under autocast against the float32 step,
+and steps replayed through GraphedStep against the same steps run eagerly. The CUDA graph itself
+exists only on a GPU: here a stand-in records the step function at capture (queuing no work, as
+a capturing stream does) and runs it at each launch, so what is tested is GraphedStep's own
+logic: warm-up, one capture, the static batch buffers, the rate through device scalars, the
+eager path for another batch size."""
 import contextlib
 
 import numpy
@@ -14,7 +16,8 @@ import oracle
 import step_checks
 from step_checks import seeded
 from minidl.training.device_step import DeviceStep
-from minidl.models.resnet import BasicBlock, Bottleneck, ResNet, cifar_stem
+from minidl import nn
+from minidl.models.resnet import BasicBlock, Bottleneck, ResNet, cifar_stem, conv3x3
 from minidl.optim import SGD
 
 # mode, NHWC shape, residual, training, group_size
@@ -75,15 +78,64 @@ TINY_RESNETS = {
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
-def test_fused_model_steps_as_the_separate_ops_on_the_kernels_bit_for_bit(emulated_gpu, amp):
-    """Until fused kernels land, the fused ops compose the separate ops' launches: the same step."""
+def test_fused_model_steps_as_the_separate_ops_on_the_kernels(emulated_gpu, amp):
+    """Without a tuner each fused pass takes its v1 plan, the separate ops' kernels composed: in
+    float32 the same step bit for bit; in bf16 a projection's normalized shortcut is added
+    before rounding (the separate ops store it in bf16 first), within bf16's tolerance."""
     rng = numpy.random.default_rng(0)
     images, labels = rng.integers(0, 256, (2, 8, 8, 3), dtype=numpy.uint8), rng.integers(0, 10, 2)
     steps = [step_checks.one_step(seeded(lambda: ResNet(cifar_stem(), BasicBlock, (16, 32), (1, 1), 10, False, fuse)),
                                   images, labels, amp) for fuse in (True, False)]
     (loss, grads, stats), (ref_loss, ref_grads, ref_stats) = steps
-    assert loss == ref_loss and numpy.array_equal(stats, ref_stats)
-    assert all(numpy.array_equal(g, r) for g, r in zip(grads, ref_grads))
+    if not amp:
+        assert loss == ref_loss and numpy.array_equal(stats, ref_stats)
+        assert all(numpy.array_equal(g, r) for g, r in zip(grads, ref_grads))
+        return
+    oracle.assert_close(loss, ref_loss, oracle.TOLERANCE["bf16"], "loss")
+    oracle.assert_close(stats, ref_stats, oracle.TOLERANCE["bf16"], "running statistics")
+    for index, (g, r) in enumerate(zip(grads, ref_grads)):
+        oracle.assert_close(g, r, oracle.TOLERANCE["bf16"], f"gradient {index}")
+
+
+class PreferV2:
+    """A stand-in for the autotuner that takes the last plan, a v2 kernel where one fits (the
+    real tuner times them; here every fused v2 kernel is to run), and records the keys."""
+
+    def __init__(self):
+        self.chosen = []
+
+    def choose(self, key, plans, run):
+        self.chosen.append((key, plans[-1].version))
+        return plans[-1]
+
+
+def test_fused_model_on_the_v2_kernels_steps_as_the_separate_ops(emulated_gpu):
+    """A bf16 (--amp) step whose fused passes run the v2 kernels (statistics in the epilogue,
+    the normalizing load, grad-input's masked epilogue, grad-weight's normalizing load) against
+    the float32 step of the separate ops, held to the bound a bf16 step of the separate ops is
+    held to (AMP_TOLERANCE)."""
+    rng = numpy.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (2, 8, 8, 3), dtype=numpy.uint8), rng.integers(0, 10, 2)
+
+    def build(fuse):  # a 64-channel stem: every block's convolution has a v2 tile
+        return seeded(lambda: ResNet((conv3x3(3, 64), nn.BatchNorm2d(64), None), BasicBlock, (64, 64), (1, 1), 10,
+                                     False, fuse))
+
+    ref_loss, ref_grads, ref_stats = step_checks.one_step(build(False), images, labels, False)
+    previous, emulated_gpu.tuner = emulated_gpu.tuner, PreferV2()
+    try:
+        loss, grads, stats = step_checks.one_step(build(True), images, labels, True)
+        chosen = emulated_gpu.tuner.chosen
+    finally:
+        emulated_gpu.tuner = previous
+    fused_v2 = {key.split(" ")[0] for key, version in chosen if "+" in key and version == "v2"}
+    assert fused_v2 == {"conv_fwd+stats", "conv_fwd+normalize+stats", "conv_dgrad+drelu", "conv_wgrad+normalize"}
+    errors = {"loss": abs(loss - ref_loss) / abs(ref_loss),
+              "gradient": step_checks.relative_error(step_checks.flat(grads), step_checks.flat(ref_grads)),
+              "worst parameter": max(step_checks.relative_error(g, r) for g, r in zip(grads, ref_grads)),
+              "statistics": step_checks.relative_error(stats, ref_stats)}
+    for name, bound in step_checks.AMP_TOLERANCE["tiny"].items():
+        assert errors[name] <= bound, f"the fused bf16 step: {name} differs by {errors[name]:.3g}; all: {errors}"
 
 
 @pytest.mark.parametrize("name", TINY_RESNETS)

@@ -23,11 +23,14 @@ def test_cases_bind_and_cover_every_shape():
 
 def test_the_prepared_check_fits_its_budget_and_runs_its_parts():
     """tests/gpu_check.sh: its parts' limits add up to at most 8 minutes; it tunes every ResNet-50
-    convolution at batch 256 and 32, runs the step benchmark's target and two ranks on the GPU."""
+    convolution at batch 256 and 32, runs the step benchmark's target with and without --fuse
+    and two ranks on the GPU."""
     script = (Path(__file__).resolve().parents[1] / "gpu_check.sh").read_text()
     parts = dict(re.findall(r"^part (\w+) (\d+) ", script, re.MULTILINE))
-    assert set(parts) == {"env", "nvcc", "autotune", "gpu_tests", "bench_kernels", "bench_step", "two_ranks", "report"}
-    assert sum(int(limit) for limit in parts.values()) <= 8 * 60
+    steps = re.findall(r"^    part \$name (\d+) ", script, re.MULTILINE)  # the step bench with and without --fuse
+    assert set(parts) == {"env", "nvcc", "autotune", "gpu_tests", "bench_kernels", "two_ranks", "report"}
+    assert len(steps) == 1 and "for fuse in no-fuse fuse" in script
+    assert sum(int(limit) for limit in parts.values()) + 2 * int(steps[0]) <= 8 * 60
     assert "minidl.bench autotune --batch-sizes 256,32" in script and "tests/gpu_two_ranks.sh" in script
     assert re.search(r"minidl.bench step --device gpu --amp --cuda-graph --vs-torch --model resnet50 \\\n\s+"
-                     r"--batch-size 256 --image-size 224", script)
+                     r"--batch-size 256 --image-size 224 .*--\$fuse", script)
