@@ -15,6 +15,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def tiny(tmp_path, *extra):
     return ["--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--seeds", "0,1",
+            "--batch-seeds", "0,1,2",
             "--max-batch", "64", "--epochs", "2", "--warmup-epochs", "1", "--control-epoch", "1",
             "--train-per-class", "16", "--val-per-class", "2", "--image-size", "8", "--workers", "0", *extra]
 
@@ -38,9 +39,12 @@ def test_study_writes_its_outputs_then_resumes_from_its_cache(tmp_path, monkeypa
     out = tmp_path / "out"
     results = json.loads((out / "results.json").read_text())
     b_star = results["b_star"]
-    assert b_star in (32, 64) and results["parts"]["batch"] == ["b32-gradual", "b64-gradual"]
-    assert all(len(row["runs"]) == 2 for row in results["rows"].values())
-    assert len(calls) == 2 * len(results["rows"])  # every row once per seed, none twice
+    batch_part, *later_parts = results["parts"].values()
+    assert b_star in (32, 64) and list(batch_part) == ["b32-gradual", "b64-gradual"]
+    assert all([run["seed"] for run in row["runs"]] == [0, 1, 2] for row in batch_part.values())
+    later = {key: row for part in later_parts for key, row in part.items()}
+    assert all([run["seed"] for run in row["runs"]] == [0, 1] for row in later.values())
+    assert len(calls) == len(set(calls)) == 2 * 3 + 2 * len(later.keys() - batch_part.keys())  # each run once
     table = (out / "table.md").read_text()
     for text in ("Part 1", f"B* = {b_star}", "Part 2", "Part 3", "k·n = 32", f"k·n = {2 * b_star}, no warmup",
                  f"k·n = {b_star} → {2 * b_star} at epoch 1", "label smoothing 0.1"):
@@ -56,7 +60,7 @@ def test_study_writes_its_outputs_then_resumes_from_its_cache(tmp_path, monkeypa
     (out / "runs" / "b64-gradual-seed1" / "result.json").unlink()  # as if stopped after its last epoch
     assert cli.main(tiny(tmp_path)) == 0
     assert calls == [str(out / "runs" / "b64-gradual-seed1")]
-    assert json.loads((out / "results.json").read_text())["rows"] == results["rows"]
+    assert json.loads((out / "results.json").read_text())["parts"] == results["parts"]
 
 
 def test_a_cached_run_made_with_other_settings_is_refused(tmp_path, capsys):
@@ -110,7 +114,8 @@ def test_study_rows_follow_b_star():
 
 @pytest.mark.parametrize("flags,message", [
     (["--max-batch", "100"], "--max-batch 100 is not 32 times a power of two"),
-    (["--seeds", "0"], "at least two seeds"),
+    (["--seeds", "0"], "--seeds 0: the study needs at least two seeds"),
+    (["--batch-seeds", "1,1"], "--batch-seeds 1,1 repeats a seed"),
     (["--seeds", "0,x"], "not a comma-separated list of ints"),
     (["--micro-batch", "48"], "--micro-batch 48"),
     (["--control-epoch", "2"], "--control-epoch 2 is not inside the 2 epochs"),

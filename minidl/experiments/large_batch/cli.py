@@ -35,7 +35,10 @@ def parse_args(argv):
     p.add_argument("--output-dir", default="runs/large_batch", help="runs, results.json, table.md, figures")
     p.add_argument("--cache-dir", default=default_cache_dir(), help="where the embedded dataset is made")
     p.add_argument("--device", choices=("cpu", "gpu"), help="default: the engine's choice (MINIDL_DEVICE)")
-    p.add_argument("--seeds", type=numbers(int), default=DEFAULTS.seeds, help="comma-separated, at least two")
+    p.add_argument("--seeds", type=numbers(int), default=DEFAULTS.seeds,
+                   help="of the warmup and batch-size-control rows (and --lr-sweep), comma-separated")
+    p.add_argument("--batch-seeds", type=numbers(int), default=DEFAULTS.batch_seeds,
+                   help="of the error-vs-batch rows, comma-separated")
     p.add_argument("--lr", type=float, default=DEFAULTS.lr, help=f"the reference rate, per {N} images")
     p.add_argument("--lr-sweep", type=numbers(float), metavar="RATES",
                    help=f"instead of the study: train k·n = {N} at each reference rate and name the best")
@@ -61,11 +64,12 @@ def parse_args(argv):
 def design_of(args):
     design = Design(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Design)})
     check(design)
-    if len(set(design.seeds)) != len(design.seeds):
-        raise UserError(f"--seeds {','.join(map(str, design.seeds))} repeats a seed: list each once")
-    if not args.lr_sweep and len(design.seeds) < 2:
-        raise UserError(f"--seeds {design.seeds[0]}: the study needs at least two seeds (B* compares means "
-                        "within one standard deviation); one is enough for --lr-sweep")
+    for flag, seeds in (("--seeds", design.seeds), ("--batch-seeds", design.batch_seeds)):
+        if len(set(seeds)) != len(seeds):
+            raise UserError(f"{flag} {','.join(map(str, seeds))} repeats a seed: list each once")
+        if len(seeds) < 2 and not (args.lr_sweep and flag == "--seeds"):
+            raise UserError(f"{flag} {seeds[0]}: the study needs at least two seeds per row (B* compares "
+                            "means within one standard deviation); one is enough for --lr-sweep")
     return design
 
 

@@ -36,16 +36,17 @@ def critical_batch(points):
     return max(batch for batch, mean, _ in ordered if mean <= reference_mean + reference_std)
 
 
-def table(title, rows, results, design):
+def table(title, view, design):
+    """`view`: {row: [result per seed]}, as every function here takes them."""
     lines = [f"| {title} | steps | val error (%) |", "|---|---|---|"]
-    lines += [f"| {row.name} | {row.steps(design)} | {Stats.of(results[row])} |" for row in rows]
+    lines += [f"| {row.name} | {row.steps(design)} | {Stats.of(runs)} |" for row, runs in view.items()]
     return "\n".join(lines)
 
 
-def batch_table(rows, results, design):
+def batch_table(view, design):
     lines = ["| k·n | k | steps | rate k·η | val error (%) |", "|---|---|---|---|---|"]
     lines += [f"| {row.batch} | {row.batch // N} | {row.steps(design)} | {design.lr * row.batch / N:g} | "
-              f"{Stats.of(results[row])} |" for row in rows]
+              f"{Stats.of(runs)} |" for row, runs in view.items()]
     return "\n".join(lines)
 
 
@@ -55,20 +56,20 @@ def mean_curve(runs, key):
     return [statistics.mean(run[key][e] for run in runs if e < len(run[key])) for e in range(longest)]
 
 
-def curves_axes(axes, rows, results, key, title, ylabel):
+def curves_axes(axes, rows, view, key, title, ylabel):
     for row in dict.fromkeys(rows):
-        curve = mean_curve(results[row], key)
+        curve = mean_curve(view[row], key)
         axes.plot(range(1, len(curve) + 1), curve, marker="o", markersize=3, label=row.name)
     axes.set(title=title, xlabel="epoch", ylabel=ylabel)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
 
 
-def error_vs_batch_figure(path, rows, results, b_star):
+def error_vs_batch_figure(path, view, b_star):
     figure = Figure(figsize=(6.5, 4), layout="constrained")
     axes = figure.subplots()
-    stats = [Stats.of(results[row]) for row in rows]
-    batches = [row.batch for row in rows]
+    stats = [Stats.of(runs) for runs in view.values()]
+    batches = [row.batch for row in view]
     reference = stats[0]
     axes.axhspan(reference.mean - reference.std, reference.mean + reference.std, color="gray", alpha=0.2,
                  label=f"k·n = {batches[0]}: mean ± std")
@@ -86,11 +87,11 @@ def error_vs_batch_figure(path, rows, results, b_star):
     return save(figure, path)
 
 
-def curves_figure(path, panels, results, key, ylabel):
+def curves_figure(path, panels, view, key, ylabel):
     """Side-by-side panels, `panels` as (title, rows): the curve `key` per epoch, mean over seeds."""
     figure = Figure(figsize=(11, 4), layout="constrained")
     for axes, (title, rows) in zip(figure.subplots(1, len(panels), sharey=True), panels):
-        curves_axes(axes, rows, results, key, title, ylabel)
+        curves_axes(axes, rows, view, key, title, ylabel)
         axes.set_yscale("log")
         for axis_formatter in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
             axis_formatter(FuncFormatter(lambda value, _: f"{value:g}"))

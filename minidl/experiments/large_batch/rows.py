@@ -32,7 +32,8 @@ class Design:
     micro_batch: int = 512  # images per forward/backward pass
     control_epoch: int = 3  # batch-size control: the epoch from which the batch doubles
     label_smoothing: float = 0.1
-    seeds: tuple = (0, 1, 2)
+    seeds: tuple = (0, 1, 2)  # parts 2 and 3 (and --lr-sweep)
+    batch_seeds: tuple = (0, 1, 2, 3, 4)  # part 1: B* rests on the small batch's spread
     workers: int = 1  # data loader processes
 
     @property
