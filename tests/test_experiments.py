@@ -122,6 +122,7 @@ def test_study_rows_follow_b_star():
     (["--max-batch", "256"], "raise --train-per-class or lower --max-batch"),
     (["--model", "resnet9"], "unknown --model 'resnet9'"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
+    (["--lr-sweep", "0.1,-1"], "--lr-sweep must be positive, got -1"),
 ])
 def test_bad_flags_get_one_line_and_exit_code_2(tmp_path, capsys, flags, message):
     assert cli.main(tiny(tmp_path, *flags)) == 2

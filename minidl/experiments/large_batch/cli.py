@@ -63,26 +63,29 @@ def parse_args(argv):
 
 def design_of(args):
     design = Design(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Design)})
-    check(design)
-    for flag, seeds in (("--seeds", design.seeds), ("--batch-seeds", design.batch_seeds)):
-        if len(set(seeds)) != len(seeds):
-            raise UserError(f"{flag} {','.join(map(str, seeds))} repeats a seed: list each once")
-        if len(seeds) < 2 and not (args.lr_sweep and flag == "--seeds"):
-            raise UserError(f"{flag} {seeds[0]}: the study needs at least two seeds per row (B* compares "
-                            "means within one standard deviation); one is enough for --lr-sweep")
+    check(design, args.lr_sweep)
     return design
 
 
-def check(design):
+def check(design, sweep_rates=None):
     """The study's own constraints (the engine checks the rest of each run's configuration)."""
     for flag in ("epochs", "image_size", "train_per_class", "val_per_class"):
         if getattr(design, flag) <= 0:
             raise UserError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(design, flag)}")
     if design.model not in MODELS:
         raise UserError(f"unknown --model {design.model!r}: choose one of {', '.join(MODELS)}")
+    for flag, rate in (("--lr", design.lr), ("--lr-sweep", min(sweep_rates or [1]))):
+        if rate <= 0:
+            raise UserError(f"{flag} must be positive, got {rate:g}")
     if not 0 <= design.warmup_epochs < design.epochs:
         raise UserError(f"--warmup-epochs {design.warmup_epochs:g} must be at least 0 and less than --epochs "
                         f"{design.epochs}")
+    for flag, seeds in (("--seeds", design.seeds), ("--batch-seeds", design.batch_seeds)):
+        if len(set(seeds)) != len(seeds):
+            raise UserError(f"{flag} {','.join(map(str, seeds))} repeats a seed: list each once")
+        if len(seeds) < 2 and not (sweep_rates and flag == "--seeds"):
+            raise UserError(f"{flag} {seeds[0]}: the study needs at least two seeds per row (B* compares "
+                            "means within one standard deviation); one is enough for --lr-sweep")
     batch = N
     while batch < design.max_batch:
         batch *= 2
@@ -131,8 +134,6 @@ def main(argv=None):
         use_device(args.device, argv)
         output_dir, cache_dir = usable_folder("--output-dir", args.output_dir), usable_folder("--cache-dir", args.cache_dir)
         if args.lr_sweep:
-            if min(args.lr_sweep) <= 0:
-                raise UserError(f"--lr-sweep rates must be positive, got {min(args.lr_sweep):g}")
             text, best = study.lr_sweep(design, args.lr_sweep, output_dir, cache_dir)
             print(text + f"lowest error at η = {best:g} per {N}: run the study with --lr {best:g}")
             return 0
