@@ -85,7 +85,8 @@ def randomize_norm_state(model, seed):
 @pytest.mark.parametrize("builder,reference,x_shape,classes", [
     ("resnet50", lambda c: torch_resnet50(c), (2, 64, 64, 3), 10),
     ("resnet20", lambda c: torch_cifar_resnet(20, c), (4, 16, 16, 3), 10),
-], ids=["resnet50", "resnet20"])
+    ("resnet8_w8", lambda c: torch_cifar_resnet(8, c, width=8), (4, 16, 16, 3), 10),
+], ids=["resnet50", "resnet20", "resnet8_w8"])
 def test_training_step_matches_torch(builder, reference, x_shape, classes):
     nn.manual_seed(1)
     ours = getattr(models, builder)(num_classes=classes).astype(np.float64)

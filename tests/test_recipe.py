@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from minidl import Tensor, nn, ops
+from minidl.checkpoint import load_checkpoint
 from minidl.config import Config
 from minidl.data import make_embedded_dataset
 from minidl.optim import LARS, SGD
@@ -149,6 +150,28 @@ def test_ghost_batch_norm_needs_groups_that_divide_the_batch():
     with pytest.raises(ValueError, match="does not split"):
         ops.batch_norm(Tensor(np.zeros((6, 2, 2, 3))), Tensor(np.ones(3)), Tensor(np.zeros(3)), None, None,
                        training=True, group_size=4)
+
+
+def trained_state(data, output_dir, **batch_layout):
+    """The final checkpoint's arrays after 2 epochs of 2 steps of 64 images, laid out as asked."""
+    run(Config(data_path=str(data), model="resnet8_w8", batch_schedule="0:64", epochs=2, lr=0.1, lr_base_batch=32,
+               lr_scheduler="constant", train_crop_size=16, val_crop_size=16, val_resize_size=16, augment="cifar",
+               output_dir=str(output_dir), **batch_layout))
+    return load_checkpoint(sorted(Path(output_dir).glob("checkpoint-*.h5"))[-1])[0]
+
+
+def test_ghost_batch_norm_trains_like_accumulated_workers(tmp_path):
+    """Per-worker BN two ways: two micro-batches of 32 accumulated (each its own BN), or one
+    micro-batch of 64 with BN over groups of 32. Same images, gradients, running statistics
+    and weights, up to float32 summation order; BN over all 64 images differs far more."""
+    data = make_embedded_dataset(tmp_path / "data", train_per_class=13, val_per_class=2, image_size=16)
+    accumulated = trained_state(data, tmp_path / "accumulated", max_per_rank_batch=32)
+    ghost = trained_state(data, tmp_path / "ghost", max_per_rank_batch=64, bn_group_size=32)
+    whole = trained_state(data, tmp_path / "whole", max_per_rank_batch=64)
+    assert accumulated.keys() == ghost.keys()
+    for name, array in accumulated.items():
+        np.testing.assert_allclose(ghost[name], array, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert np.abs(whole["optimizer/params"] - accumulated["optimizer/params"]).max() > 1e-3
 
 
 def test_batch_size_control_under_mpiexec_grows_accumulation_and_rate(tmp_path):

@@ -82,9 +82,9 @@ def torch_resnet50(num_classes):
     return TorchResNet(TorchBottleneck, (3, 4, 6, 3), (64, 128, 256, 512), num_classes, imagenet=True)
 
 
-def torch_cifar_resnet(depth, num_classes):
+def torch_cifar_resnet(depth, num_classes, width=16):
     n = (depth - 2) // 6
-    return TorchResNet(TorchBasicBlock, (n, n, n), (16, 32, 64), num_classes, imagenet=False)
+    return TorchResNet(TorchBasicBlock, (n, n, n), (width, 2 * width, 4 * width), num_classes, imagenet=False)
 
 
 TORCH_TWINS = {
@@ -93,6 +93,7 @@ TORCH_TWINS = {
     "resnet50": torch_resnet50,
     "resnet101": lambda n: TorchResNet(TorchBottleneck, (3, 4, 23, 3), (64, 128, 256, 512), n, imagenet=True),
     "resnet152": lambda n: TorchResNet(TorchBottleneck, (3, 8, 36, 3), (64, 128, 256, 512), n, imagenet=True),
+    "resnet8_w8": lambda n: torch_cifar_resnet(8, n, width=8),
     "resnet20": lambda n: torch_cifar_resnet(20, n),
     "resnet32": lambda n: torch_cifar_resnet(32, n),
     "resnet56": lambda n: torch_cifar_resnet(56, n),

@@ -3,6 +3,6 @@
 from minidl.models.interop import export_torchvision, import_torchvision
 from minidl.models.resnet import MODELS, BasicBlock, Bottleneck, ResNet
 
-globals().update(MODELS)  # resnet18 ... resnet152, resnet20/32/56 as module attributes
+globals().update(MODELS)  # resnet18 ... resnet152, resnet20/32/56, resnet8_w8 as module attributes
 
 __all__ = ["MODELS", "BasicBlock", "Bottleneck", "ResNet", "export_torchvision", "import_torchvision", *MODELS]

@@ -5,7 +5,8 @@ stages of 64/128/256/512 planes; v1.5, i.e. a bottleneck downsamples in its 3×3
 first 1×1. `resnet50(num_classes=1000)` has 25,557,032 parameters, as torchvision's does.
 
 CIFAR models (`resnet20/32/56`, depth 6n+2): 3×3 stem, three stages of n basic blocks with
-16/32/64 channels. Shortcuts that change shape use a 1×1 convolution + BN (He et al.'s
+16/32/64 channels; `resnet8_w8` is the smallest of them at half width (one block per stage,
+8/16/32 channels, 19,954 parameters with 10 classes), for studies of many runs on a CPU. Shortcuts that change shape use a 1×1 convolution + BN (He et al.'s
 option B), the same kind of shortcut as the ImageNet models.
 
 Initialization (Goyal et al.): He normal (fan_out) for convolutions, γ = 1 and β = 0 for BN,
@@ -180,9 +181,9 @@ def imagenet_stem():
     return conv1, nn.BatchNorm2d(64), nn.MaxPool2d(3, stride=2, padding=1)
 
 
-def cifar_stem():
+def cifar_stem(width=16):
     """(conv1, bn1, no pooling)"""
-    return conv3x3(3, 16), nn.BatchNorm2d(16), None
+    return conv3x3(3, width), nn.BatchNorm2d(width), None
 
 
 def _imagenet_resnet(block, stage_blocks):
@@ -192,10 +193,10 @@ def _imagenet_resnet(block, stage_blocks):
     return build
 
 
-def _cifar_resnet(depth):
+def _cifar_resnet(depth, width=16):
     def build(num_classes=10, zero_init_residual=False, fuse=False):
-        return ResNet(cifar_stem(), BasicBlock, (16, 32, 64), [(depth - 2) // 6] * 3, num_classes, zero_init_residual,
-                      fuse)
+        return ResNet(cifar_stem(width), BasicBlock, (width, 2 * width, 4 * width), [(depth - 2) // 6] * 3,
+                      num_classes, zero_init_residual, fuse)
     return build
 
 
@@ -205,6 +206,7 @@ MODELS = {
     "resnet50": _imagenet_resnet(Bottleneck, (3, 4, 6, 3)),
     "resnet101": _imagenet_resnet(Bottleneck, (3, 4, 23, 3)),
     "resnet152": _imagenet_resnet(Bottleneck, (3, 8, 36, 3)),
+    "resnet8_w8": _cifar_resnet(8, width=8),
     "resnet20": _cifar_resnet(20),
     "resnet32": _cifar_resnet(32),
     "resnet56": _cifar_resnet(56),

@@ -1,0 +1,5 @@
+import sys
+
+from minidl.experiments.large_batch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,150 @@
+"""The command line: flags -> Design, the device, then the study (or the rate sweep) and its outputs."""
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from minidl.environment import cache_dir as default_cache_dir
+from minidl.data.embedded import DIFFICULTIES
+from minidl.errors import UserError
+from minidl.models import MODELS
+from minidl.experiments.large_batch.rows import N, Design
+
+PROG = "python -m minidl.experiments.large_batch"
+DEFAULTS = Design()
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit code 2, like every other user error
+        raise UserError(f"{message}: see {PROG} --help")
+
+
+def numbers(kind):
+    def parse(text):
+        try:
+            return tuple(kind(item) for item in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}s") from None
+    return parse
+
+
+def parse_args(argv):
+    from minidl.experiments import large_batch
+    p = Parser(prog=PROG, description=large_batch.__doc__.split("\n\n")[0])
+    p.add_argument("--output-dir", default="runs/large_batch", help="runs, results.json, table.md, figures")
+    p.add_argument("--cache-dir", default=default_cache_dir(), help="where the embedded dataset is made")
+    p.add_argument("--device", choices=("cpu", "gpu"), help="default: the engine's choice (MINIDL_DEVICE)")
+    p.add_argument("--seeds", type=numbers(int), default=DEFAULTS.seeds,
+                   help="of the warmup and batch-size-control rows (and --lr-sweep), comma-separated")
+    p.add_argument("--batch-seeds", type=numbers(int), default=DEFAULTS.batch_seeds,
+                   help="of the error-vs-batch rows, comma-separated")
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr, help=f"the reference rate, per {N} images")
+    p.add_argument("--lr-sweep", type=numbers(float), metavar="RATES",
+                   help=f"instead of the study: train k·n = {N} at each reference rate and name the best")
+    p.add_argument("--wd", dest="weight_decay", type=float, default=DEFAULTS.weight_decay,
+                   help="weight decay (none on BN and biases)")
+    p.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch, help=f"the largest global batch, {N}·2^j")
+    p.add_argument("--micro-batch", type=int, default=DEFAULTS.micro_batch,
+                   help=f"images per forward pass, a multiple of {N} (BN over each {N})")
+    p.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
+    p.add_argument("--warmup-epochs", type=float, default=DEFAULTS.warmup_epochs)
+    p.add_argument("--control-epoch", type=int, default=DEFAULTS.control_epoch,
+                   help="batch-size control: the epoch from which B* doubles")
+    p.add_argument("--label-smoothing", type=float, default=DEFAULTS.label_smoothing)
+    p.add_argument("--model", default=DEFAULTS.model)
+    p.add_argument("--image-size", type=int, default=DEFAULTS.image_size)
+    p.add_argument("--difficulty", choices=sorted(DIFFICULTIES), default=DEFAULTS.difficulty)
+    p.add_argument("--train-per-class", type=int, default=DEFAULTS.train_per_class)
+    p.add_argument("--val-per-class", type=int, default=DEFAULTS.val_per_class)
+    p.add_argument("--workers", type=int, default=DEFAULTS.workers, help="data loader processes")
+    return p.parse_args(argv)
+
+
+def design_of(args):
+    design = Design(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Design)})
+    check(design, args.lr_sweep)
+    return design
+
+
+def check(design, sweep_rates=None):
+    """The study's own constraints (the engine checks the rest of each run's configuration)."""
+    for flag in ("epochs", "image_size", "train_per_class", "val_per_class"):
+        if getattr(design, flag) <= 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(design, flag)}")
+    if design.model not in MODELS:
+        raise UserError(f"unknown --model {design.model!r}: choose one of {', '.join(MODELS)}")
+    for flag, rate in (("--lr", design.lr), ("--lr-sweep", min(sweep_rates or [1]))):
+        if rate <= 0:
+            raise UserError(f"{flag} must be positive, got {rate:g}")
+    if not 0 <= design.warmup_epochs < design.epochs:
+        raise UserError(f"--warmup-epochs {design.warmup_epochs:g} must be at least 0 and less than --epochs "
+                        f"{design.epochs}")
+    for flag, seeds in (("--seeds", design.seeds), ("--batch-seeds", design.batch_seeds)):
+        if len(set(seeds)) != len(seeds):
+            raise UserError(f"{flag} {','.join(map(str, seeds))} repeats a seed: list each once")
+        if len(seeds) < 2 and not (sweep_rates and flag == "--seeds"):
+            raise UserError(f"{flag} {seeds[0]}: the study needs at least two seeds per row (B* compares "
+                            "means within one standard deviation); one is enough for --lr-sweep")
+    batch = N
+    while batch < design.max_batch:
+        batch *= 2
+    if design.max_batch < 2 * N or batch != design.max_batch:
+        raise UserError(f"--max-batch {design.max_batch} is not {N} times a power of two (at least {2 * N}): "
+                        f"use e.g. {batch}")
+    if design.micro_batch <= 0 or design.micro_batch % N:
+        raise UserError(f"--micro-batch {design.micro_batch} is not a positive multiple of {N}: use e.g. 512")
+    if not 0 < design.control_epoch < design.epochs:
+        raise UserError(f"--control-epoch {design.control_epoch} is not inside the {design.epochs} epochs: "
+                        f"choose 1 to {design.epochs - 1}")
+    if design.train_size < 2 * design.max_batch:
+        raise UserError(f"{design.train_size} training images hold less than one batch of 2 × --max-batch = "
+                        f"{2 * design.max_batch}: raise --train-per-class or lower --max-batch")
+
+
+def usable_folder(flag, path):
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"{flag} {path} cannot be made a folder ({error.strerror}): choose a writable folder") from None
+    return path
+
+
+def use_device(device, argv):
+    """Compute on `device`: nothing to do where the engine chose it; on a GPU machine asked for
+    the CPU, start again with MINIDL_DEVICE=cpu (the engine picks its device when imported)."""
+    from minidl.backend import on_gpu
+    if device is None or (device == "gpu") == on_gpu:
+        return
+    if device == "gpu":
+        raise UserError("--device gpu, but this process computes on the CPU (CuPy sees no usable GPU, or "
+                        "MINIDL_DEVICE=cpu is set): run on a machine with a GPU and CuPy, without MINIDL_DEVICE=cpu")
+    os.execve(sys.executable, [sys.executable, "-m", "minidl.experiments.large_batch", *argv],
+              dict(os.environ, MINIDL_DEVICE="cpu"))
+
+
+def main(argv=None):
+    from minidl.experiments.large_batch import study
+    from minidl.experiments.large_batch.runs import Interrupted
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+        design = design_of(args)
+        use_device(args.device, argv)
+        output_dir, cache_dir = usable_folder("--output-dir", args.output_dir), usable_folder("--cache-dir", args.cache_dir)
+        if args.lr_sweep:
+            text, best = study.lr_sweep(design, args.lr_sweep, output_dir, cache_dir)
+            print(text + f"lowest error at η = {best:g} per {N}: run the study with --lr {best:g}")
+            return 0
+        done = study.run_study(design, output_dir, cache_dir)
+        paths = study.write_outputs(done, output_dir)
+        print(study.markdown(done))
+        print("\n".join(map(str, paths)))
+        return 0
+    except UserError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except (Interrupted, KeyboardInterrupt) as error:
+        print(f"{PROG}: interrupted ({error or 'Ctrl-C'}): run the same command again to resume", file=sys.stderr)
+        return 130

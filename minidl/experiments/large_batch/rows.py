@@ -1,0 +1,120 @@
+"""What the study varies: its rows, the design they share, and the configuration of one run.
+
+Every row trains the same model on the same data for the same number of epochs with the same
+schedule shape; a row changes only its knob (global batch, warmup, batch-size control, label
+smoothing). The global batch k·n is k simulated workers of n = 32 images, each with its own
+batch norm: the engine's ghost BN over groups of 32 inside micro-batches of up to
+`micro_batch` images (above it, gradients accumulate), which trains exactly like k workers
+of 32 (tests/test_recipe.py). The rate follows the linear scaling rule from `lr` per 32.
+"""
+import dataclasses
+
+from minidl.config import Config
+from minidl.data.embedded import EMBEDDED_CLASSES
+
+N = 32  # images per simulated worker
+WARMUPS = ("gradual", "constant", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """What all rows share (the command line's settings)."""
+    model: str = "resnet8_w8"
+    image_size: int = 16
+    difficulty: str = "default"
+    train_per_class: int = 2000
+    val_per_class: int = 500
+    epochs: int = 10
+    warmup_epochs: float = 2.0
+    lr: float = 0.2  # per N images, the small batch's rate: the best of --lr-sweep 0.025,0.05,0.1,0.2,0.4
+    weight_decay: float = 5e-4
+    max_batch: int = 512  # the largest global batch of the sweep over batch sizes
+    micro_batch: int = 512  # images per forward/backward pass
+    control_epoch: int = 3  # batch-size control: the epoch from which the batch doubles
+    label_smoothing: float = 0.1
+    seeds: tuple = (0, 1, 2)  # parts 2 and 3 (and --lr-sweep)
+    batch_seeds: tuple = (0, 1, 2, 3, 4)  # part 1: B* rests on the small batch's spread
+    workers: int = 1  # data loader processes
+
+    @property
+    def train_size(self):
+        return self.train_per_class * len(EMBEDDED_CLASSES)
+
+    @property
+    def dataset_name(self):
+        return (f"embedded-{self.difficulty}-{self.image_size}px-{self.train_per_class}x{len(EMBEDDED_CLASSES)}"
+                f"-val{self.val_per_class}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    batch: int                     # the global batch k·n from epoch 0
+    warmup: str = "gradual"        # one of WARMUPS
+    doubles_at: int | None = None  # batch-size control: the global batch doubles from this epoch on
+    label_smoothing: float = 0.0
+
+    @property
+    def name(self):
+        text = f"k·n = {self.batch}"
+        if self.doubles_at is not None:
+            text += f" → {2 * self.batch} at epoch {self.doubles_at}"
+        if self.batch > N:  # one worker: warmup from the reference rate to itself changes nothing
+            text += ", no warmup" if self.warmup == "none" else f", {self.warmup} warmup"
+        if self.label_smoothing:
+            text += f", label smoothing {self.label_smoothing:g}"
+        return text
+
+    @property
+    def key(self):
+        """The row's folder name."""
+        key = f"b{self.batch}" + (f"-x2at{self.doubles_at}" if self.doubles_at is not None else "")
+        return key + f"-{self.warmup}" + (f"-ls{self.label_smoothing:g}" if self.label_smoothing else "")
+
+    def batch_schedule(self):
+        if self.doubles_at is None:
+            return f"0:{self.batch}"
+        return f"0:{self.batch},{self.doubles_at}:{2 * self.batch}"
+
+    def global_batch(self, epoch):
+        return self.batch if self.doubles_at is None or epoch < self.doubles_at else 2 * self.batch
+
+    def steps(self, design):
+        """Optimizer steps over the whole run (an epoch drops its last partial batch)."""
+        return sum(design.train_size // self.global_batch(epoch) for epoch in range(design.epochs))
+
+
+def batch_rows(design):
+    """Part 1: the global batch from n to the largest, doubling, all with gradual warmup."""
+    batches, batch = [], N
+    while batch <= design.max_batch:
+        batches.append(batch)
+        batch *= 2
+    return [Row(batch) for batch in batches]
+
+
+def warmup_rows(b_star):
+    """Part 2: no, constant and gradual warmup at B* and 2·B* (one worker has nothing to warm
+    up: B* = n leaves only its row), and the small batch."""
+    return [Row(N)] + [Row(batch, warmup) for batch in (b_star, 2 * b_star) if batch > N
+                       for warmup in reversed(WARMUPS)]
+
+
+def control_rows(b_star, design):
+    """Part 3: B* doubling part-way vs a fixed 2·B* (and B* itself); label smoothing at the largest batch."""
+    return [Row(b_star), Row(2 * b_star), Row(b_star, doubles_at=design.control_epoch),
+            Row(design.max_batch), Row(design.max_batch, label_smoothing=design.label_smoothing)]
+
+
+def config_for(row, seed, design, data_path, output_dir):
+    """The training configuration of one row and seed (resumes from its own checkpoint)."""
+    e = design.epochs
+    return Config(data_path=str(data_path), model=design.model, batch_schedule=row.batch_schedule(),
+                  max_per_rank_batch=design.micro_batch, bn_group_size=N, epochs=e, lr=design.lr, lr_base_batch=N,
+                  lr_scheduler="step", lr_steps=(e // 2, e * 3 // 4), lr_gamma=0.1,
+                  lr_warmup_epochs=0.0 if row.warmup == "none" else design.warmup_epochs,
+                  lr_warmup_method="constant" if row.warmup == "constant" else "linear", lr_warmup_start=design.lr,
+                  momentum=0.9, weight_decay=design.weight_decay, norm_weight_decay=0.0, zero_init_residual=True,
+                  sgd_form="caffe2", label_smoothing=row.label_smoothing, train_crop_size=design.image_size,
+                  val_crop_size=design.image_size, val_resize_size=design.image_size, augment="cifar", seed=seed,
+                  output_dir=str(output_dir), resume="auto", keep_checkpoints=1, print_freq=100,
+                  workers=design.workers)

@@ -1,0 +1,92 @@
+"""One run of the study, cached: `OUTPUT/runs/<row>-seed<k>/result.json` once it has finished.
+
+A run folder holds the trainer's own outputs (metrics, checkpoints, its printed lines in
+train.log) and `settings.json`, what the run was started with. Asking again for a finished run
+reads its result; an interrupted one resumes from its last checkpoint; a folder made with other
+settings is refused (another --output-dir keeps both).
+"""
+import contextlib
+import json
+from pathlib import Path
+
+from minidl.config import Config
+from minidl.data.embedded import EMBEDDED_CLASSES
+from minidl.errors import UserError
+from minidl.experiments.large_batch.rows import config_for
+from minidl.fileio import write_json_atomic
+from minidl.plot import read_jsonl
+
+# Configuration fields that do not change what a run computes.
+NOT_SETTINGS = ("output_dir", "cache_dir", "data_path", "workers")
+
+
+class Interrupted(Exception):
+    """A signal stopped a run after its checkpoint: rerunning the study resumes it."""
+
+
+def settings_of(config, design):
+    settings = {k: v for k, v in config.to_dict().items() if k not in NOT_SETTINGS}
+    settings["lr_steps"] = list(settings["lr_steps"])  # as JSON gives it back
+    return dict(settings, dataset=design.dataset_name)
+
+
+def read_json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(f"cannot read {path} ({error}): delete that run's folder to run it again") from None
+
+
+def check_settings(run_dir, recorded, settings):
+    """Refuse a run folder made with other settings. A setting the folder's record lacks came to the
+    engine after the run was made: at its default it computes what the run computed."""
+    defaults = Config().to_dict()
+    changed = sorted(k for k in settings.keys() | recorded.keys()
+                     if settings.get(k) != recorded.get(k, defaults.get(k)))
+    if changed:
+        raise UserError(f"{run_dir} was made with other settings ({', '.join(changed)}): give another "
+                        "--output-dir, or delete that folder to redo the run")
+
+
+def run_once(row, seed, design, data, output_dir):
+    """The result of `row` with `seed` (a dict, `cached` true when nothing was trained)."""
+    run_dir = Path(output_dir) / "runs" / f"{row.key}-seed{seed}"
+    config = config_for(row, seed, design, data, run_dir)
+    settings = settings_of(config, design)
+    result_path, settings_path = run_dir / "result.json", run_dir / "settings.json"
+    if result_path.exists():
+        result = read_json(result_path)
+        check_settings(run_dir, result["settings"], settings)
+        return dict(result, cached=True)
+    if settings_path.exists():
+        check_settings(run_dir, read_json(settings_path), settings)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(settings_path, settings)
+    diverged = train_quietly(config, run_dir / "train.log")
+    result = result_of(row, seed, design, settings, run_dir, diverged)
+    write_json_atomic(result_path, result)
+    return dict(result, cached=False)
+
+
+def train_quietly(config, log_path):
+    """Train, the trainer's lines and bars going to `log_path`; returns why it diverged, or None."""
+    from minidl.trainer import TrainingStopped, run
+    with open(log_path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            summary = run(config)
+        except TrainingStopped as stopped:  # a non-finite loss: the run's outcome, not the study's failure
+            return str(stopped)
+    if summary.get("preempted"):
+        raise Interrupted(f"stopped at iteration {summary['iteration']}, checkpoint {summary['checkpoint']}")
+    return None
+
+
+def result_of(row, seed, design, settings, run_dir, diverged):
+    """Per-epoch curves and the final validation error (%); a diverged run counts at chance."""
+    metrics = read_jsonl(run_dir / "metrics.jsonl", "epoch") if (run_dir / "metrics.jsonl").exists() else []
+    val_error = [100 * (1 - m["val_top1"]) for m in metrics]
+    final = 100 * (1 - 1 / len(EMBEDDED_CLASSES)) if diverged else val_error[-1]
+    wall = sum(m["seconds"] for m in metrics)
+    return {"row": row.key, "seed": seed, "settings": settings, "val_error": final, "diverged": diverged,
+            "steps": row.steps(design), "wall_seconds": wall, "val_error_curve": val_error,
+            "train_loss_curve": [m["train_loss"] for m in metrics]}
