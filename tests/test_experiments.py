@@ -40,11 +40,15 @@ def test_study_writes_its_outputs_then_resumes_from_its_cache(tmp_path, monkeypa
     results = json.loads((out / "results.json").read_text())
     b_star = results["b_star"]
     batch_part, *later_parts = results["parts"].values()
-    assert b_star in (32, 64) and list(batch_part) == ["b32-gradual", "b64-gradual"]
+    assert list(batch_part) == ["b32-gradual", "b64-gradual"]
+    assert b_star == report.critical_batch([(int(key[1:].split("-")[0]), row["mean"], row["std"])
+                                            for key, row in batch_part.items()])
     assert all([run["seed"] for run in row["runs"]] == [0, 1, 2] for row in batch_part.values())
     later = {key: row for part in later_parts for key, row in part.items()}
     assert all([run["seed"] for run in row["runs"]] == [0, 1] for row in later.values())
     assert len(calls) == len(set(calls)) == 2 * 3 + 2 * len(later.keys() - batch_part.keys())  # each run once
+    for key, row in {**batch_part, **later}.items():  # the steps reported are the steps the trainer took
+        assert (out / "runs" / f"{key}-seed0" / f"checkpoint-e002-i{row['steps']:08d}.h5").exists(), key
     table = (out / "table.md").read_text()
     for text in ("Part 1", f"B* = {b_star}", "Part 2", "Part 3", "k·n = 32", f"k·n = {2 * b_star}, no warmup",
                  f"k·n = {b_star} → {2 * b_star} at epoch 1", "label smoothing 0.1"):
@@ -82,12 +86,15 @@ def test_a_cached_run_from_before_a_new_engine_setting_is_used_only_at_its_defau
     result["settings"]["retired_setting"] = 0.5  # a setting of the record the engine no longer has
     result_path.write_text(json.dumps(result))
     assert cli.main(flags) == 2 and "other settings (retired_setting)" in error_line(capsys)
+    del result["settings"]["retired_setting"], result["settings"]["bn_group_size"]  # a new setting, not at its default
+    result_path.write_text(json.dumps(result))
+    assert cli.main(flags) == 2 and "other settings (bn_group_size)" in error_line(capsys)
 
 
 def test_critical_batch_is_the_largest_within_one_std_of_the_small_batch():
-    # 32: 5.0 ± 0.5, so the bound is 5.5 (inclusive); 256 exceeds it, 512 falls back under it
+    # 32: 5.0 ± 0.5, so the bound is 5.5 (inclusive); 256 exceeds it, and 512's mean under it does not count
     points = [(64, 5.3, 0.9), (32, 5.0, 0.5), (128, 5.5, 0.1), (256, 5.6, 0.2), (512, 5.4, 2.0), (1024, 9.0, 0.3)]
-    assert report.critical_batch(points) == 512
+    assert report.critical_batch(points) == 128
     assert report.critical_batch([(32, 5.0, 0.0), (64, 5.01, 0.0)]) == 32
     assert report.critical_batch([(32, 5.0, 1.0), (64, 3.0, 0.1), (128, 6.5, 0.1)]) == 64  # better counts as within
 
@@ -136,10 +143,21 @@ def test_study_rows_follow_b_star():
     (["--model", "resnet9"], "unknown --model 'resnet9'"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
     (["--lr-sweep", "0.1,-1"], "--lr-sweep must be positive, got -1"),
+    (["--lr", "nan"], "--lr must be positive, got nan"),
+    (["--epochs", "1", "--warmup-epochs", "0"], "--epochs 1: the study needs at least 2"),
+    (["--wd", "-1"], "--weight-decay must be >= 0"),  # the engine's checks, before any run
+    (["--label-smoothing", "1.5"], "--label-smoothing must be in [0, 1)"),  # only part 3 trains with it
 ])
 def test_bad_flags_get_one_line_and_exit_code_2(tmp_path, capsys, flags, message):
     assert cli.main(tiny(tmp_path, *flags)) == 2
     assert message in error_line(capsys)
+    assert not (tmp_path / "out" / "runs").exists()  # nothing started
+
+
+def test_a_refused_run_leaves_nothing_that_blocks_the_corrected_one(tmp_path, capsys):
+    sweep = tiny(tmp_path, "--lr-sweep", "0.1", "--seeds", "0")
+    assert cli.main(sweep + ["--wd", "-1"]) == 2
+    assert cli.main(sweep) == 0 and "lowest error at η = 0.1" in capsys.readouterr().out
 
 
 def test_an_output_dir_that_is_a_file_gets_one_line(tmp_path, capsys):

@@ -9,7 +9,8 @@ smoothing.
 
 The same three questions on this engine, at a size that two CPU cores answer within hours:
 1. final validation error vs k·n from 32 to --max-batch, doubling, gradual warmup, mean ± std
-   over --seeds; B*, the largest batch whose mean error is at most one std above k·n = 32's;
+   over --batch-seeds; B*, the largest batch up to which every mean error is at most one std
+   above k·n = 32's;
 2. no / constant / gradual warmup at B* and 2·B*, against k·n = 32;
 3. a fixed 2·B* against B* doubling at --control-epoch; label smoothing at --max-batch.
 Every row has the same epochs, schedule shape and data; only its knob differs (rows.py).

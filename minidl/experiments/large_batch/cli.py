@@ -9,7 +9,7 @@ from minidl.environment import cache_dir as default_cache_dir
 from minidl.data.embedded import DIFFICULTIES
 from minidl.errors import UserError
 from minidl.models import MODELS
-from minidl.experiments.large_batch.rows import N, Design
+from minidl.experiments.large_batch.rows import N, Design, batch_rows, config_for, control_rows, warmup_rows
 
 PROG = "python -m minidl.experiments.large_batch"
 DEFAULTS = Design()
@@ -42,7 +42,7 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=DEFAULTS.lr, help=f"the reference rate, per {N} images")
     p.add_argument("--lr-sweep", type=numbers(float), metavar="RATES",
                    help=f"instead of the study: train k·n = {N} at each reference rate and name the best")
-    p.add_argument("--wd", dest="weight_decay", type=float, default=DEFAULTS.weight_decay,
+    p.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=DEFAULTS.weight_decay,
                    help="weight decay (none on BN and biases)")
     p.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch, help=f"the largest global batch, {N}·2^j")
     p.add_argument("--micro-batch", type=int, default=DEFAULTS.micro_batch,
@@ -74,9 +74,12 @@ def check(design, sweep_rates=None):
             raise UserError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(design, flag)}")
     if design.model not in MODELS:
         raise UserError(f"unknown --model {design.model!r}: choose one of {', '.join(MODELS)}")
-    for flag, rate in (("--lr", design.lr), ("--lr-sweep", min(sweep_rates or [1]))):
-        if rate <= 0:
+    for flag, rate in [("--lr", design.lr)] + [("--lr-sweep", rate) for rate in sweep_rates or ()]:
+        if not rate > 0:  # nan included
             raise UserError(f"{flag} must be positive, got {rate:g}")
+    if design.epochs < 2:
+        raise UserError(f"--epochs {design.epochs}: the study needs at least 2 (batch-size control doubles the "
+                        "batch part-way)")
     if not 0 <= design.warmup_epochs < design.epochs:
         raise UserError(f"--warmup-epochs {design.warmup_epochs:g} must be at least 0 and less than --epochs "
                         f"{design.epochs}")
@@ -100,6 +103,14 @@ def check(design, sweep_rates=None):
     if design.train_size < 2 * design.max_batch:
         raise UserError(f"{design.train_size} training images hold less than one batch of 2 × --max-batch = "
                         f"{2 * design.max_batch}: raise --train-per-class or lower --max-batch")
+    for row in reachable_rows(design):  # the engine's checks now, not hours into the study
+        config_for(row, 0, design, ".", ".").resolved()
+
+
+def reachable_rows(design):
+    """Every row the study can train, whichever batch B* turns out to be."""
+    batches = batch_rows(design)
+    return batches + [row for b_star in batches for row in warmup_rows(b_star.batch) + control_rows(b_star.batch, design)]
 
 
 def usable_folder(flag, path):

@@ -1,5 +1,6 @@
 """The study's numbers and figures: mean ± std over seeds, the critical batch B*, tables, plots."""
 import dataclasses
+import itertools
 import statistics
 
 from matplotlib.figure import Figure
@@ -29,11 +30,13 @@ class Stats:
 
 
 def critical_batch(points):
-    """B*: the largest batch whose mean error is at most one standard deviation above the
-    smallest batch's mean. `points`: (batch, mean, std) tuples."""
+    """B*: the largest batch up to which every batch's mean error is at most one standard
+    deviation above the smallest batch's mean (a lucky mean past a batch that broke does not
+    count). `points`: (batch, mean, std) tuples."""
     ordered = sorted(points)
     _, reference_mean, reference_std = ordered[0]
-    return max(batch for batch, mean, _ in ordered if mean <= reference_mean + reference_std)
+    within = itertools.takewhile(lambda point: point[1] <= reference_mean + reference_std, ordered)
+    return list(within)[-1][0]
 
 
 def table(title, view, design):
@@ -51,9 +54,10 @@ def batch_table(view, design):
 
 
 def mean_curve(runs, key):
-    """The per-epoch mean over seeds of a curve (a diverged run's shorter curve counts where it has points)."""
-    longest = max(len(run[key]) for run in runs)
-    return [statistics.mean(run[key][e] for run in runs if e < len(run[key])) for e in range(longest)]
+    """The per-epoch mean over seeds of a curve, up to the last epoch every seed reached (the
+    mean of the runs left after one diverged would look better than the row is)."""
+    shortest = min(len(run[key]) for run in runs)
+    return [statistics.mean(run[key][e] for run in runs) for e in range(shortest)]
 
 
 def curves_axes(axes, rows, view, key, title, ylabel):

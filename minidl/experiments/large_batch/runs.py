@@ -16,18 +16,24 @@ from minidl.experiments.large_batch.rows import config_for
 from minidl.fileio import write_json_atomic
 from minidl.plot import read_jsonl
 
-# Configuration fields that do not change what a run computes.
+# Configuration fields that say where things are and how they are loaded, not what a run
+# computes: a study may move. Every other field counts, even one that changes no result.
 NOT_SETTINGS = ("output_dir", "cache_dir", "data_path", "workers")
+MISSING = object()  # a setting one side of a comparison does not have
 
 
 class Interrupted(Exception):
     """A signal stopped a run after its checkpoint: rerunning the study resumes it."""
 
 
+def as_json(values):
+    """`values` as JSON gives them back (tuples become lists), so a record compares with its source."""
+    return json.loads(json.dumps(values))
+
+
 def settings_of(config, design):
     settings = {k: v for k, v in config.to_dict().items() if k not in NOT_SETTINGS}
-    settings["lr_steps"] = list(settings["lr_steps"])  # as JSON gives it back
-    return dict(settings, dataset=design.dataset_name)
+    return as_json(dict(settings, dataset=design.dataset_name))
 
 
 def read_json(path):
@@ -40,9 +46,9 @@ def read_json(path):
 def check_settings(run_dir, recorded, settings):
     """Refuse a run folder made with other settings. A setting the folder's record lacks came to the
     engine after the run was made: at its default it computes what the run computed."""
-    defaults = Config().to_dict()
+    defaults = as_json(Config().to_dict())
     changed = sorted(k for k in settings.keys() | recorded.keys()
-                     if settings.get(k) != recorded.get(k, defaults.get(k)))
+                     if settings.get(k, MISSING) != recorded.get(k, defaults.get(k, MISSING)))
     if changed:
         raise UserError(f"{run_dir} was made with other settings ({', '.join(changed)}): give another "
                         "--output-dir, or delete that folder to redo the run")
@@ -52,6 +58,7 @@ def run_once(row, seed, design, data, output_dir):
     """The result of `row` with `seed` (a dict, `cached` true when nothing was trained)."""
     run_dir = Path(output_dir) / "runs" / f"{row.key}-seed{seed}"
     config = config_for(row, seed, design, data, run_dir)
+    config.resolved()  # the engine's checks of the configuration, before anything is written
     settings = settings_of(config, design)
     result_path, settings_path = run_dir / "result.json", run_dir / "settings.json"
     if result_path.exists():
