@@ -39,7 +39,8 @@ def test_study_writes_its_outputs_then_resumes_from_its_cache(tmp_path, monkeypa
     out = tmp_path / "out"
     results = json.loads((out / "results.json").read_text())
     b_star = results["b_star"]
-    batch_part, *later_parts = results["parts"].values()
+    assert list(results["parts"]) == ["batch", "warmup", "control"]
+    batch_part, *later_parts = (part["rows"] for part in results["parts"].values())
     assert list(batch_part) == ["b32-gradual", "b64-gradual"]
     assert b_star == report.critical_batch([(int(key[1:].split("-")[0]), row["mean"], row["std"])
                                             for key, row in batch_part.items()])

@@ -26,12 +26,12 @@ class Study:
         return {row: [self.results[row, seed] for seed in seeds] for row in dict.fromkeys(rows)}
 
     def parts(self):
-        """[(title, rows, seeds)] in the order of the study."""
+        """[(key, title, rows, seeds)] in the order of the study."""
         design = self.design
-        return [(f"Part 1: error vs global batch (gradual warmup), η = {design.lr:g} per {N}; B* = {self.b_star}",
-                 self.batch_rows, design.batch_seeds),
-                ("Part 2: warmup at B* and 2·B*", self.warmup_rows, design.seeds),
-                ("Part 3: batch-size control and label smoothing", self.control_rows, design.seeds)]
+        return [("batch", f"Part 1: error vs global batch (gradual warmup), η = {design.lr:g} per {N}; "
+                          f"B* = {self.b_star}", self.batch_rows, design.batch_seeds),
+                ("warmup", "Part 2: warmup at B* and 2·B*", self.warmup_rows, design.seeds),
+                ("control", "Part 3: batch-size control and label smoothing", self.control_rows, design.seeds)]
 
 
 def dataset(design, cache_dir):
@@ -74,9 +74,9 @@ def run_study(design, output_dir, cache_dir):
 
 def markdown(study):
     design = study.design
-    (batch_title, batch_rows_, batch_seeds), *others = study.parts()
+    (_, batch_title, batch_rows_, batch_seeds), *others = study.parts()
     parts = [batch_title, report.batch_table(study.view(batch_rows_, batch_seeds), design)]
-    for title, rows, seeds in others:
+    for _, title, rows, seeds in others:
         parts += [title, report.table("row", study.view(rows, seeds), design)]
     return "\n\n".join(parts) + "\n"
 
@@ -85,11 +85,11 @@ def write_outputs(study, output_dir):
     """results.json, table.md and the three figures; returns the paths."""
     output_dir, design, b_star = Path(output_dir), study.design, study.b_star
     parts = {}
-    for title, rows, seeds in study.parts():
-        parts[title] = {row.key: {"name": row.name, "steps": row.steps(design), **dataclasses.asdict(report.Stats.of(runs)),
-                                  "runs": [{k: run[k] for k in ("seed", "val_error", "diverged", "wall_seconds")}
-                                           for run in runs]}
-                        for row, runs in study.view(rows, seeds).items()}
+    for key, title, rows, seeds in study.parts():
+        parts[key] = {"title": title, "rows": {
+            row.key: {"name": row.name, "steps": row.steps(design), **dataclasses.asdict(report.Stats.of(runs)),
+                      "runs": [{k: run[k] for k in ("seed", "val_error", "diverged", "wall_seconds")} for run in runs]}
+            for row, runs in study.view(rows, seeds).items()}}
     write_json_atomic(output_dir / "results.json",
                       {"design": dataclasses.asdict(design), "b_star": b_star, "parts": parts,
                        "wall_seconds": sum(run["wall_seconds"] for run in study.results.values())})
