@@ -746,14 +746,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 }
 
 // out[i] = Σ_z partial[z][i], z in order, rounded once to the output's type
-__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 template <typename T>
 __global__ void __launch_bounds__(SPLITK_V2_THREADS) splitk_reduce_v2(const float* partial, T* out, long long count,
                                                                       int splits) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
         float sum = 0.0f;
         for (int z = 0; z < splits; ++z) sum += partial[z * count + i];
-        store_as(out + i, sum);
+        out[i] = from_float<T>(sum);
     }
 }

@@ -201,15 +201,15 @@ class Trainer:
 
     def finish_epoch(self, seconds):
         """The epoch's metrics (over all ranks); then the position moves to the next epoch."""
-        totals = self.totals
+        totals, plan = self.totals, self.plan(self.position.epoch)
         loss_sum, images, skipped = self.comm.sum([totals.loss_sum, totals.images, totals.skipped])
         metrics = {"epoch": self.position.epoch + 1, "train_loss": loss_sum / max(images, 1), "lr": self.optimizer.lr,
-                   "global_batch": self.plan(self.position.epoch).global_batch, "images_per_sec": images / seconds,
+                   "global_batch": plan.global_batch, "images_per_sec": images / seconds,
                    "train_skipped": int(skipped)}
         split = self.timer.epoch_report()
         if self.comm.size > 1:  # rank 0's communication per step: the wait after backward, and all of it
             metrics.update(allreduce_seconds=split["allreduce"], communication_seconds=split.get("communication", 0.0))
-        with naming_the_batch(self.plan(self.position.epoch).micro_batch):
+        with naming_the_batch(plan.micro_batch):
             metrics.update(self.evaluate() if self.trace is None else self.trace.around_evaluation(self.evaluate))
         self.position.next_epoch()
         totals.reset()

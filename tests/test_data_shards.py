@@ -26,7 +26,6 @@ from test_data import label_of, make_tree
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "prepare_imagenet.py"
 _spec = importlib.util.spec_from_file_location("prepare_imagenet", SCRIPT)
 prepare_imagenet = importlib.util.module_from_spec(_spec)
-sys.modules["prepare_imagenet"] = prepare_imagenet  # its pool pickles functions by module name
 _spec.loader.exec_module(prepare_imagenet)
 
 LAYOUT = {"train": {"n02": 5, "n01": 4, "n03": 3}, "val": {"n01": 2, "n02": 2, "n03": 2}}

@@ -14,9 +14,9 @@ import numpy
 
 from minidl.bench.kernels import resnet50_convs
 from minidl.errors import UserError
+from minidl.kernels.conv_v2 import PASSES
 from minidl.fileio import write_json_atomic
 
-PASSES = ("conv_fwd", "conv_dgrad", "conv_wgrad")
 
 
 def parse_args(argv):

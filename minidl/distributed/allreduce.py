@@ -164,9 +164,11 @@ class Plan:
         return self.next < len(self.stages)
 
     def ready(self, block=False):
-        """Whether the running stage has completed (with block=True: once it has)."""
+        """Whether the running stage has completed (with block=True: once it has; the request
+        waited for is dropped, so waiting again costs nothing)."""
         if block:
             self.request.wait()
+            self.request = DONE
         elif not self.request.test():
             return False
         if self.on_stage is not None and self._seen_done < self.next:

@@ -77,9 +77,8 @@ class GradientReducer:
                             for begin, end in flat.segments]
         self._index = {id(p): i for i, p in enumerate(flat.params)}
         self._remaining = None  # per parameter: gradients still to come; None while not armed
-        self._missing = [0] * len(self.plans)  # per bucket: parameters without their final gradient
+        self._missing = self._uncounted()  # per bucket: parameters without their final gradient
         self._launched = 0  # buckets launched so far this step (a prefix of self.plans)
-        self._armed = False  # whether backward(loss) counted this reduction's gradients
         self.launched_in_backward = 0  # how many of them started before backward returned
         self.launched_at = None
         self.on_final = None
@@ -103,7 +102,6 @@ class GradientReducer:
         for i, left in enumerate(self._remaining):
             for k in self._buckets_of[i]:
                 self._missing[k] += left > 0
-        self._armed = True
         self._tell_final(range(len(self.plans)))
         self._launch_ready()
         try:
@@ -116,12 +114,16 @@ class GradientReducer:
         """Complete the reduction: flat.grad then holds the SUM over ranks of their gradients."""
         if not self.active:
             return
-        not_final = [k for k, missing in enumerate(self._missing) if missing or not self._armed]
+        not_final = [k for k, missing in enumerate(self._missing) if missing] if self.on_final is not None else []
         self._missing = [0] * len(self.plans)  # backward is over: every gradient is final
         self._tell_final(not_final)
         self._launch_ready()
         self._progress(block=True)
-        self._launched, self._armed = 0, False
+        self._launched, self._missing = 0, self._uncounted()
+
+    def _uncounted(self):
+        """_missing before backward(loss) has counted the gradients: every bucket still waits."""
+        return [1] * len(self.plans)
 
     def close(self):
         """Remove the hooks from the parameters."""

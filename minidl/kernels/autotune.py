@@ -4,7 +4,8 @@ written without a GPU can never make a user slower.
 
 `Autotuner(timer, cache_path).choose(key, plans, run)` returns the plan for `key`: from memory,
 else from the JSON cache of this device and CUDA version (the same cache gives the same
-choices, hence the same bits), else by timing `run(plan)` for each plan (`timer(function)`:
+choices, hence the same bits), else by timing `run(plan)` for each of `plans()` (called only
+for a key not in memory; the key names everything the plans depend on; `timer(function)`:
 seconds, the median of a few timed calls after a warm-up; CUDA events on the GPU) and writing
 the winner to the cache. Tuning cannot run while a CUDA graph is being captured (`capturing()`):
 the graphed step's eager warm-up calls come first and meet every shape (minidl.training.graph);
@@ -72,10 +73,11 @@ class Autotuner:
             return {}
 
     def choose(self, key, plans, run):
-        """The plan for `key` among `plans` (timing `run(plan)` for each where `key` is new)."""
+        """The plan for `key` among `plans()` (timing `run(plan)` for each where `key` is new)."""
         plan = self.choices.get(key)
         if plan is not None:
             return plan
+        plans = plans()
         cached = self._cached.get(key)
         if cached is not None and any(p.label() == cached for p in plans):
             plan = Plan.parse(cached)

@@ -16,6 +16,7 @@ import numpy
 from minidl.backend import BF16, get_array_module
 from minidl.intmath import ceil_div
 from minidl.kernels import conv_v2
+from minidl.kernels.conv_v2 import PASSES
 from minidl.kernels.autotune import Plan
 from minidl.kernels.launch import Launcher, cxx_type, data_address, i32
 
@@ -25,7 +26,6 @@ BLOCKS_PER_SM = 2  # the register budget: at most 65536 / (THREADS · BLOCKS_PER
 SPLITK_THREADS = 256
 MIN_TILES_PER_SPLIT = 8  # wgrad split-K: each split streams at least this many k-tiles
 DEFINES = {"CONV_THREADS": THREADS, "CONV_BLOCKS_PER_SM": BLOCKS_PER_SM, "SPLITK_THREADS": SPLITK_THREADS}
-PASSES = ("conv_fwd", "conv_dgrad", "conv_wgrad")
 
 
 class ConvTile:
@@ -112,24 +112,36 @@ class ConvKernels(Launcher):
 
     def _run(self, conv_pass, geometry, operands, out, plan):
         if plan is None:
-            plans = self.plans(conv_pass, operands, geometry)
-            key = f"{conv_pass} {operands[0].dtype.name} {'x'.join(map(str, geometry))}"
-            plan = plans[0] if self.tuner is None else self.tuner.choose(
-                key, plans, lambda candidate: self._run(conv_pass, geometry, operands, out, candidate))
+            plan = self.tuned_plan(conv_pass, operands, geometry, lambda: self.plans(conv_pass, operands, geometry),
+                                   lambda candidate: self._run(conv_pass, geometry, operands, out, candidate))
         if plan.version == "v2":
             conv_v2.launch(self, conv_pass, conv_v2.TILES[plan.tile], plan.splits, geometry, *operands, out)
             return out
         return self._run_v1(conv_pass, TILES[plan.tile], plan.splits, geometry, operands, out)
 
+    def tuned_plan(self, conv_pass, operands, geometry, candidates, run, fusion_text=""):
+        """The plan of a pass: the v1 kernel's without a tuner, else the tuner's choice among
+        `candidates()`, remembered under a key of everything they depend on: the pass (and its
+        fusion), the shape, and the v1 tile, which stands for the data type, TF32 and alignment."""
+        first = self.v1_plan(conv_pass, operands, geometry)
+        if self.tuner is None:
+            return first
+        key = f"{conv_pass}{fusion_text} {first.tile} {'x'.join(map(str, geometry))}"
+        return self.tuner.choose(key, candidates, run)
+
+    def v1_plan(self, conv_pass, operands, geometry):
+        tile = self.conv_tile(operands[0].dtype, geometry[3], geometry[4], operands)
+        return Plan("v1", tile.name, self._v1_splits(conv_pass, tile, geometry))
+
     def plans(self, conv_pass, operands, geometry):
-        """Every plan that computes this pass here, the v1 kernel's first: v2 tiles need 16-byte
-        aligned operands and TF32 allowed for float32; each may split its reduction where the
-        grid alone would leave multiprocessors idle (grad-weight: around the v1 split)."""
-        dtype, c, k = operands[0].dtype, geometry[3], geometry[4]
-        v1 = self.conv_tile(dtype, c, k, operands)
-        first = Plan("v1", v1.name, self._v1_splits(conv_pass, v1, geometry))
-        if not (v1.tensor_cores and all(data_address(a) % 16 == 0 for a in operands)):
+        """Every plan that computes this pass here, the v1 kernel's first: v2 tiles need the v1
+        tile's tensor cores (16-byte aligned operands, TF32 allowed for float32); each may split
+        its reduction where the grid alone would leave multiprocessors idle (grad-weight: around
+        the v1 split)."""
+        first = self.v1_plan(conv_pass, operands, geometry)
+        if not TILES[first.tile].tensor_cores:
             return [first]
+        dtype = operands[0].dtype
         found = [first]
         for tile in conv_v2.TILES.values():
             if tile.fits(conv_pass, dtype, geometry):

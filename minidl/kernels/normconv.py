@@ -35,6 +35,12 @@ def group_slices(n, images):
     return [slice(first, first + images) for first in range(0, n, images)]
 
 
+def fusion_inputs(operands, fusion):
+    """A fused pass's arrays that its plans depend on: the operands, and the batch norm's input y
+    that grad-input reads too."""
+    return (*operands, *((fusion.bn_input,) if fusion.bn_input is not None else ()))
+
+
 def rows_per_image(x):
     return x.shape[1] * x.shape[2]
 
@@ -62,11 +68,12 @@ class NormConvKernels(Launcher):
         sums, relu_output = self._fused("conv_dgrad", geometry, (gy, w), g, Fusion(DRELU, norm, y, images), plan)
         return g, sums, relu_output
 
-    def conv_grad_weight_fused(self, x, gy, w_shape, norm, images, stride, padding, plan=None):
-        """dL/dw (float32) of a convolution of relu(x·scale + shift)."""
+    def conv_grad_weight_fused(self, x, gy, w_shape, norm, images, stride, padding, plan=None, normalized=None):
+        """dL/dw (float32) of a convolution of relu(x·scale + shift); `normalized`: that input if
+        it is already written (grad-input's v1 plan gives it), which a v1 plan then reads."""
         geometry = conv_geometry(x.shape, w_shape, stride, padding)
         gw = get_array_module(x).empty(w_shape, dtype=numpy.float32)
-        self._fused("conv_wgrad", geometry, (x, gy), gw, Fusion(NORMALIZE, norm, None, images), plan)
+        self._fused("conv_wgrad", geometry, (x, gy), gw, Fusion(NORMALIZE, norm, None, images), plan, normalized)
         return gw
 
     def norm_backward(self, g, y, norm, sums, relu_output, images, training, residual_out=None):
@@ -107,29 +114,28 @@ class NormConvKernels(Launcher):
         return self.norm_backward(gout, y, norm, sums, out, images, training, residual_out)
 
     # ---- plans: the v1 composition, or a v2 kernel doing it all ---------------------------------
-    def _fused(self, conv_pass, geometry, operands, out, fusion, plan):
+    def _fused(self, conv_pass, geometry, operands, out, fusion, plan, normalized=None):
         """(sums or None, relu_output or None) of one fused pass, the plan tuned per shape."""
         if plan is None:
-            plans = self.fused_plans(conv_pass, fusion, operands, geometry)
-            key = (f"{conv_pass}+{fusion.label()} {operands[0].dtype.name} {'x'.join(map(str, geometry))} "
-                   f"groups of {fusion.group_images}")
-            plan = plans[0] if self.tuner is None else self.tuner.choose(
-                key, plans, lambda candidate: self._fused(conv_pass, geometry, operands, out, fusion, candidate))
+            plan = self.tuned_plan(conv_pass, fusion_inputs(operands, fusion), geometry,
+                                   lambda: self.fused_plans(conv_pass, fusion, operands, geometry),
+                                   lambda candidate: self._fused(conv_pass, geometry, operands, out, fusion, candidate,
+                                                                 normalized),
+                                   f"+{fusion.label()} in groups of {fusion.group_images}")
         if plan.version == "v2":
             tile = conv_v2.TILES[plan.tile]
             return conv_v2.launch(self, conv_pass, tile, plan.splits, geometry, *operands, out, fusion), None
-        return self._composed(conv_pass, geometry, operands, out, fusion, plan)
+        return self._composed(conv_pass, geometry, operands, out, fusion, plan, normalized)
 
     def fused_plans(self, conv_pass, fusion, operands, geometry):
         """The plain pass's plans (v1 first), with y among the operands that v2 needs aligned; an
         epilogue that reduces over the block's rows takes the whole reduction (no split-K), and
         a normalizing pass's table must fit."""
-        inputs = (*operands, *((fusion.bn_input,) if fusion.bn_input is not None else ()))
-        plans = self.plans(conv_pass, inputs, geometry)
+        plans = self.plans(conv_pass, fusion_inputs(operands, fusion), geometry)
         return [plans[0]] + [p for p in plans[1:] if (p.splits == 1 or not fusion.whole_reduction)
                              and conv_v2.TILES[p.tile].fits_fusion(conv_pass, fusion, geometry)]
 
-    def _composed(self, conv_pass, geometry, operands, out, fusion, plan):
+    def _composed(self, conv_pass, geometry, operands, out, fusion, plan, normalized=None):
         a, b = operands
         images = fusion.group_images
         if conv_pass == "conv_fwd":
@@ -137,7 +143,8 @@ class NormConvKernels(Launcher):
             self._run(conv_pass, geometry, (x, b), out, plan)
             return (self._moments_sums(out, images) if fusion.bits & STATS else None), None
         if conv_pass == "conv_wgrad":
-            self._run(conv_pass, geometry, (self._normalized(a, fusion.norm, images), b), out, plan)
+            x = normalized if normalized is not None else self._normalized(a, fusion.norm, images)
+            self._run(conv_pass, geometry, (x, b), out, plan)
             return None, None
         self._run(conv_pass, geometry, operands, out, plan)
         relu_output = self._normalized(fusion.bn_input, fusion.norm, images)

@@ -56,38 +56,23 @@ class BatchNormReLU(Op):
         return (gx, ggamma, gbeta, g) if self.has_residual else (gx, ggamma, gbeta)
 
     def forward_kernels(self, gpu, x, gamma, beta, residual):
-        self.x = x
-        self.y, self.saved = kernels_forward(gpu, x, gamma, beta, self.norm_args, self.groups, residual, relu=True)
+        """One kernel sequence per statistics group (image slices)."""
+        outputs, self.saved = [], []
+        for part in self.groups:
+            y, saved = gpu.batch_norm_forward(x[part], gamma, beta, *self.norm_args,
+                                              None if residual is None else residual[part], relu=True)
+            outputs.append(y)
+            self.saved.append(saved)
+        self.x, self.y = x, _join(outputs)
         return self.y
 
     def backward_kernels(self, gpu, gy):
-        *grads, gresidual = kernels_backward(gpu, gy, self.x, self.y, self.saved, self.groups, self.norm_args[2],
-                                             self.has_residual)
-        return (*grads, gresidual) if self.has_residual else tuple(grads)
-
-
-def kernels_forward(gpu, x, gamma, beta, norm_args, groups, residual=None, relu=True):
-    """act(BN(x) [+ residual]) on the batch-norm kernels, one kernel sequence per statistics group
-    (`groups`: image slices); and what kernels_backward needs. norm_args: (running_mean,
-    running_var, training, momentum, eps)."""
-    outputs, saved = [], []
-    for part in groups:
-        y, group_saved = gpu.batch_norm_forward(x[part], gamma, beta, *norm_args, None if residual is None
-                                                else residual[part], relu=relu)
-        outputs.append(y)
-        saved.append(group_saved)
-    return _join(outputs), saved
-
-
-def kernels_backward(gpu, gy, x, y, saved, groups, training, residual_grad):
-    """(dx, dγ, dβ, d_residual or None) of kernels_forward; `y` its output where it applied the
-    ReLU (the mask), else None."""
-    results = [gpu.batch_norm_backward(gy[part], x[part], group_saved, training, y=None if y is None else y[part],
-                                       residual_grad=residual_grad)
-               for part, group_saved in zip(groups, saved)]
-    gx, ggamma, gbeta, gresidual = zip(*results)
-    return (_join(gx), sum(ggamma[1:], ggamma[0]), sum(gbeta[1:], gbeta[0]),
-            _join(gresidual) if residual_grad else None)
+        results = [gpu.batch_norm_backward(gy[part], self.x[part], saved, self.norm_args[2], y=self.y[part],
+                                           residual_grad=self.has_residual)
+                   for part, saved in zip(self.groups, self.saved)]
+        gx, ggamma, gbeta, gresidual = zip(*results)
+        grads = _join(gx), sum(ggamma[1:], ggamma[0]), sum(gbeta[1:], gbeta[0])
+        return (*grads, _join(gresidual)) if self.has_residual else grads
 
 
 def batch_norm_relu(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5,

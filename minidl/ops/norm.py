@@ -184,6 +184,12 @@ def gradient_sums(g, x):
     return get_array_module(g).stack([column_sums(g), column_sums(g_x)])
 
 
+def group_images(n, training, group_size):
+    """Images per statistics group of a batch of n (evaluation: one group, the batch)."""
+    first = statistics_groups(n, training, group_size)[0]
+    return first.stop - first.start
+
+
 def statistics_groups(n, training, group_size):
     """The image ranges of a batch of n that BN takes statistics over: the whole batch, or in
     training consecutive groups of `group_size` images, which must divide it."""

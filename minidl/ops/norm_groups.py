@@ -24,16 +24,10 @@ interior, whose rows are not adjacent.
 """
 import functools
 
-from minidl import workspace
 from minidl.backend import get_array_module
 from minidl.ops import norm
-from minidl.ops.conv import image_rows
+from minidl.ops.conv import loaded
 from minidl.parallel import map_rows, run_chunks, sum_in_order
-
-
-def stat_groups(n, training, group_size):
-    """The image ranges whose statistics a batch norm takes: none in evaluation."""
-    return norm.statistics_groups(n, training, group_size) if training else []
 
 
 def overlaps(groups, first, count):
@@ -60,10 +54,10 @@ class Moments:
     (called as a convolution's store) and merged in image order by `statistics`."""
 
     def __init__(self, n, training, group_size):
-        self.groups = stat_groups(n, training, group_size)
+        self.groups = norm.statistics_groups(n, training, group_size) if training else []  # none to gather
         self.recorded = {}  # first image of a chunk -> [(group index, moments)]
 
-    def __call__(self, block, first, _loaded=None):
+    def __call__(self, block, first):
         channels = block.shape[-1]
         self.recorded[first] = [
             (index, part) for index, start, stop in overlaps(self.groups, first, len(block))
@@ -88,8 +82,8 @@ class GroupNorm:
         xp = get_array_module(gamma)
         n, h, width, _ = shape
         self.training, self.width = training, width
-        self.groups = stat_groups(n, training, group_size) or [slice(0, n)]
-        self.count = h * width * (self.groups[0].stop - self.groups[0].start)
+        self.groups = norm.statistics_groups(n, training, group_size)
+        self.count = h * width * norm.group_images(n, training, group_size)
         if training:
             if len(stats) != len(self.groups):
                 raise ValueError(f"statistics of {len(stats)} groups for a batch norm over {len(self.groups)}")
@@ -123,8 +117,7 @@ class GroupNorm:
         images, or True to recompute it — g is first masked in place where it is not positive."""
         xp = get_array_module(g)
         if relu_input is True:
-            relu_input = workspace.scratch("loaded", y.shape, y)
-            self.load(image_rows(y), image_rows(relu_input), first)
+            relu_input = loaded(y, self.load, first)
         if relu_input is not None:
             xp.multiply(g, relu_input > 0, out=g)
         self.recorded[first] = [

@@ -50,7 +50,7 @@ from minidl import workspace
 from minidl.backend import get_array_module
 from minidl.ops.conv import Conv2d, correlate, grads, image_rows
 from minidl.ops.dispatch import Op
-from minidl.ops.norm import statistics_groups
+from minidl.ops.norm import group_images
 from minidl.ops.norm_groups import GroupNorm, Moments
 from minidl.parallel import run_chunks
 
@@ -75,13 +75,8 @@ class BN(NamedTuple):
         """Its GroupNorm for an NHWC tensor of `shape` (γ, β: the arrays of the op's inputs)."""
         return GroupNorm(stats, gamma, beta, *self.norm_args, self.group_size, shape)
 
-    def groups(self, n):
-        return statistics_groups(n, self.training, self.group_size)
-
     def group_images(self, n):
-        """Images per statistics group of a batch of n (evaluation: one group, the batch)."""
-        first = self.groups(n)[0]
-        return first.stop - first.start
+        return group_images(n, self.training, self.group_size)
 
     def kernel_norm(self, gpu, stats, shape, gamma, beta):
         """The kernels' norm array (minidl.kernels.batchnorm) for an NHWC input of `shape` with
@@ -115,19 +110,18 @@ class Conv2dStats(Conv2d):
     def backward_reference(self, gy, _=None):
         return super().backward_reference(gy)
 
-    def forward_kernels(self, gpu, x, w, norm=None, images=None):
-        """The convolution (of relu(x·scale + shift) with `norm`, of images per group `images`) and,
-        in training, its output's statistics, taken inside the kernel where a plan allows."""
+    def forward_kernels(self, gpu, x, w, norm=None):
+        """The convolution (of relu(x·scale + shift) with `norm`) and, in training, its output's
+        statistics, taken inside the kernel where a plan allows. The input's batch norm and the
+        output's statistics share the groups: `self.images` images each."""
         self.keep_for_kernels(gpu, x, w)
         training, group_size = self.stats_of
-        stats_images = BN(None, None, training=training, group_size=group_size).group_images(len(x))
+        self.images = group_images(len(x), training, group_size)
         if not training:
             y = (gpu.conv_forward(x, self.w, self.stride, self.padding) if norm is None else
-                 gpu.conv_forward_fused(x, self.w, self.stride, self.padding, norm, images)[0])
+                 gpu.conv_forward_fused(x, self.w, self.stride, self.padding, norm, self.images)[0])
             return y, no_stats(x, w.shape[0])
-        if norm is not None and images != stats_images:
-            raise ValueError(f"the input's batch norm groups {images} images, the output's {stats_images}")
-        return gpu.conv_forward_fused(x, self.w, self.stride, self.padding, norm, stats_images, stats=True)
+        return gpu.conv_forward_fused(x, self.w, self.stride, self.padding, norm, self.images, stats=True)
 
     def backward_kernels(self, gpu, gy, _=None):
         return super().backward_kernels(gpu, gy)
@@ -160,13 +154,14 @@ class BNReLUConv2dStats(Conv2dStats):
         self.norm.record_sums(g, self.x[first:first + len(g)], first, relu_input)
 
     def forward_kernels(self, gpu, y, stats, gamma, beta, w):
-        self.norm, self.images = self.bn.kernel_norm(gpu, stats, y.shape, gamma, beta), self.bn.group_images(len(y))
-        return super().forward_kernels(gpu, y, w, self.norm, self.images)
+        self.norm = self.bn.kernel_norm(gpu, stats, y.shape, gamma, beta)
+        return super().forward_kernels(gpu, y, w, self.norm)
 
     def backward_kernels(self, gpu, gy, _=None):
         y, norm, images = self.x, self.norm, self.images
         g, sums, relu_output = gpu.conv_grad_input_fused(gy, self.w, y, norm, images, self.stride, self.padding)
-        gw = gpu.conv_grad_weight_fused(y, gy, self.w_shape, norm, images, self.stride, self.padding)
+        gw = gpu.conv_grad_weight_fused(y, gy, self.w_shape, norm, images, self.stride, self.padding,
+                                        normalized=relu_output)
         gy_in, ggamma, gbeta = gpu.norm_backward(g, y, norm, sums, relu_output, images, self.bn.training)
         return gy_in, None, ggamma, gbeta, gw
 
@@ -221,11 +216,10 @@ class BNAddReLU(Op):
                 self.residual_norm.record_sums(block, residual[first:stop], first)
 
         run_chunks(chunk, len(y), 3 * y[0].nbytes)
-        gy = xp.empty_like(g)
+        gy = xp.empty_like(g) if self.has_residual else g  # without a shortcut g is not needed after
         grads = (gy, None, *self.norm.input_gradient(g, y, gy))
-        if self.residual_norm is not None:
-            gresidual = xp.empty_like(g)
-            return (*grads, gresidual, None, *self.residual_norm.input_gradient(g, residual, gresidual))
+        if self.residual_norm is not None:  # the projection's gradient: g's last use, written over it
+            return (*grads, g, None, *self.residual_norm.input_gradient(g, residual, g))
         return (*grads, g) if self.has_residual else grads
 
     def forward_kernels(self, gpu, y, stats, gamma, beta, residual=None, residual_stats=None, *residual_gamma_beta):

@@ -6,6 +6,7 @@ plans the launcher offers per shape; the autotuner's choice, its cache and what 
 The emulator runs mma.sync, ldmatrix and cp.async with the PTX ISA's lane mappings and the
 copies' late arrival (tests/kernels/emu/ptx_emu.h), so a wrong fragment layout, swizzle or
 pipeline wait shows here as a wrong result."""
+import itertools
 import json
 
 import numpy
@@ -122,6 +123,26 @@ def test_the_autotuner_keeps_the_fastest_and_caches_it(emulated, tmp_path):
     assert numpy.array_equal(ours_again, ours), "the same cache gives the same kernel, the same bits"
 
 
+def test_a_choice_is_remembered_only_for_what_it_was_chosen_for(emulated):
+    """The same float32 shape with TF32 allowed and then not: the tuner's choice for the TF32
+    tiles must not serve the exact float32 kernels (the key names the v1 tile, hence TF32)."""
+    shape = (1, 5, 7, 32, 36, 3, 1, 1)
+    later_is_faster = itertools.count(100.0, -1.0)  # a v2 plan wins the TF32 key
+    tuned = Kernels(emulated._load, emulated.multiprocessors,
+                    tuner=Autotuner(lambda function: next(later_is_faster), None))
+    allowed = tuned.allow_tf32
+    try:
+        tuned.allow_tf32 = True
+        run_pass(tuned, "tf32", "conv_fwd", shape)
+        tuned.allow_tf32 = False
+        ours, reference = run_pass(tuned, "tf32", "conv_fwd", shape)
+    finally:
+        tuned.allow_tf32 = allowed
+    tf32_choice, exact_choice = tuned.tuner.choices.values()
+    assert tf32_choice.version == "v2" and exact_choice == Plan("v1", "SimtTile", 1)
+    oracle.assert_close(ours, reference, oracle.TOLERANCE["fp32"], "exact float32 after a TF32 choice")
+
+
 def test_without_a_tuner_the_v1_kernel_runs(emulated):
     """MINIDL_AUTOTUNE=0 (no tuner): the first plan, v1, which has run on GPUs before."""
     launched = []
@@ -143,4 +164,4 @@ def test_no_timing_during_a_graph_capture(emulated):
     calls = []
     tuner = Autotuner(scripted_timer([], calls), capturing=lambda: True)
     plans = [Plan("v1", "Bf16Tile"), Plan("v2", "bf16_128x128")]
-    assert tuner.choose("conv_fwd key", plans, lambda plan: None) == plans[0] and calls == []
+    assert tuner.choose("conv_fwd key", lambda: plans, lambda plan: None) == plans[0] and calls == []

@@ -105,6 +105,7 @@ class PreferV2:
         self.chosen = []
 
     def choose(self, key, plans, run):
+        plans = plans()
         self.chosen.append((key, plans[-1].version))
         return plans[-1]
 
