@@ -442,7 +442,9 @@ struct WgradPass : PassBase<Cfg> {
     unsigned b_select[BSlots::COUNT];  // the column's bits (r, 16 + s) in the pixel's window mask
     PixelCursor<Cfg::BK> loading, consumed;  // this thread's pixel of the tile loaded next, normalized next
     PixelStep step;
-    int consumed_group, group_end;  // FUSE_NORMALIZE: the consumed pixel's group, the image after it
+    // FUSE_NORMALIZE: the consumed pixel's group, the image after it, the last group. A pixel past
+    // the last image (its window empty, its entries unused) reads the last group's: the table ends there
+    int consumed_group, group_end, last_group;
     SharedAddress table;  // FUSE_NORMALIZE: every group's [scale | shift][BN] of T for the block's columns
     int a_delta;
     NormArgs<T> fused;
@@ -467,6 +469,7 @@ struct WgradPass : PassBase<Cfg> {
         loading = consumed = PixelCursor<Cfg::BK>(this->tiles_begin * Cfg::BK + BSlots::row(), g);
         step = PixelCursor<Cfg::BK>::step(g);
         consumed_group = consumed.n / fused.groups.images, group_end = (consumed_group + 1) * fused.groups.images;
+        last_group = g.N / fused.groups.images - 1;
         a_delta = this->tiles_begin * Cfg::BK * g.K;
     }
     __device__ void load(SharedAddress a_tile, SharedAddress b_tile) {
@@ -497,7 +500,7 @@ struct WgradPass : PassBase<Cfg> {
     __device__ void normalize(SharedAddress, SharedAddress b_tile) {
         constexpr int ROW_BYTES = Cfg::BN * int(sizeof(T));
         unsigned window = consumed.window(this->g);
-        SharedAddress scale = table + 2 * consumed_group * ROW_BYTES;
+        SharedAddress scale = table + 2 * min(consumed_group, last_group) * ROW_BYTES;
         for (int i = 0; i < BSlots::COUNT; ++i) {
             int column_bytes = BSlots::chunk(i) * 16;
             ChunkAffine<T>(scale + column_bytes, scale + ROW_BYTES + column_bytes)

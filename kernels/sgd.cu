@@ -18,7 +18,8 @@
 // (VECTOR = 4: n a multiple of 4 and every pointer 16-byte aligned, as the flat buffers are);
 // VECTOR = 1 is the general case. Every operation is an explicit IEEE single-precision
 // one (__fmul_rn, __fadd_rn): nothing is contracted into an FMA, and the result equals
-// NumPy's float32 reference bit for bit.
+// NumPy's float32 reference bit for bit on normal numbers (CuPy compiles with -ftz=true:
+// subnormal inputs and results are flushed to zero, as the CPU emulator does too).
 //
 // In a CUDA graph (minidl/training/graph.py) the launch arguments are frozen at capture, yet the rate
 // changes every step: sgd_momentum_scalars reads lr, grad_scale and velocity_scale from device

@@ -35,6 +35,13 @@ def _switch(text):
     return text == "1"
 
 
+def _module_function(text):
+    module, _, function = text.partition(":")
+    if not module or not function.isidentifier():
+        raise ValueError("module:function (a callable returning the kernels and their array type)")
+    return module, function
+
+
 def _positive_int(text):
     if not text.strip().isdigit() or int(text) < 1:
         raise ValueError("a positive integer")
@@ -46,11 +53,14 @@ VARIABLES = {v.name: v for v in (
              None, _choice("cpu", "gpu")),
     Variable("MINIDL_KERNELS", "0 keeps CuPy arrays on the reference ops instead of the CUDA kernels", True, _switch),
     Variable("MINIDL_TF32", "0 keeps float32 convolutions in exact fp32 instead of TF32 tensor cores", True, _switch),
-    Variable("MINIDL_AUTOTUNE", "0 runs the v1 convolution kernels instead of timing every kernel per shape on "
-             "first use", True, _switch),
+    Variable("MINIDL_AUTOTUNE", "0 runs the v1 convolution kernels instead of validating the v2 kernels (the "
+             "canary) and timing every validated kernel per shape on first use", True, _switch),
+    Variable("MINIDL_DEVICE_KERNELS", "module:function giving (Kernels, array type) to use in place of the GPU's "
+             "kernels (the CPU emulator of tests/kernels/emulated_device.py: emulated_device:device)", None,
+             _module_function),
     Variable("MINIDL_NUM_THREADS", "CPU threads of the ops (default: the cores this process may use)", None,
              _positive_int),
-    Variable("MINIDL_CACHE", "where the embedded dataset and the autotuner's choices are kept (default: "
+    Variable("MINIDL_CACHE", "where the embedded dataset and the autotuner's validations and choices are kept (default: "
              "~/.cache/minidl)", None, str),
     Variable("MINIDL_RANKS_PER_NODE", "group consecutive ranks by this many as if they were nodes "
              "(default: the real nodes)", None, _positive_int),

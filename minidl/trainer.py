@@ -32,7 +32,7 @@ from minidl.backend import on_gpu, synchronize
 from minidl.checkpoint import CheckpointDir
 from minidl.distributed.grid import bucket_sizes
 from minidl.errors import UserError
-from minidl.training.build import build_model, build_optimizer, build_schedule
+from minidl.training.build import agree_on_kernel_plans, build_model, build_optimizer, build_schedule
 from minidl.training.data import RunData
 from minidl.training.evaluator import Evaluator
 from minidl.training.memory import naming_the_batch
@@ -58,6 +58,7 @@ class Trainer:
         self.data = RunData(config, comm)
         self.schedule = build_schedule(config, comm.size)
         self.model = build_model(config, len(self.data.train_set.classes))
+        agree_on_kernel_plans(comm)
         shape = distributed.parse_shape(config.torus_shape) if config.torus_shape else None
         self.grid = self._choose_grid(shape) if config.allreduce == "torus2d" and comm.size > 1 else None
         self.allreduce = distributed.AllReduce(comm, config.allreduce, self.grid.shape if self.grid else shape)

@@ -1,140 +1,193 @@
 #!/usr/bin/env bash
 # The prepared GPU check (DESIGN.md §7): on one GPU, in under 8 minutes, offline, with the
-# project NOT installed (PYTHONPATH = the repository), run every GPU test and the kernel and
-# step benchmarks, and write OUTDIR/report.json.
+# project NOT installed (PYTHONPATH = the repository), first what can fault and what never ran,
+# then what times, and OUTDIR/report.json at the end.
 #
-#     bash tests/gpu_check.sh OUTDIR [EARLIER_GPU_TESTS_JSON]
+#     bash tests/gpu_check.sh --prepare                 # on the CPU machine, before: the nvcc report
+#     bash tests/gpu_check.sh OUTDIR                    # on the GPU machine
+#     bash tests/gpu_check.sh OUTDIR --rerun EARLIER    # again, skipping what passed in EARLIER (an OUTDIR)
+#     bash tests/gpu_check.sh OUTDIR --dry-run [--break v2|v2-wrong]   # on the CPU machine, no GPU
 #
-# With an earlier run's gpu_tests.json, the GPU cases that passed there are not run again (a
-# rerun after a fix, within the same device budget); they are reported as "passed earlier".
-#
-# Needs: python3 with NumPy, CuPy (cupy-cuda13x), PyTorch; nvcc for the resource report. No
-# pytest: the GPU tests run through tests/kernels/gpu_cases.py, the cases `pytest -m gpu` runs.
-#
-# Parts, each with its own time limit, log (OUTDIR/<part>.log) and result file; a part that
-# fails or runs out of time is recorded as such and the next one still runs:
-#   env            10 s   versions, device                              env.json
-#   nvcc           30 s   sm_90 compile, registers/spills per kernel    nvcc.json
-#   autotune       85 s   every plan (v1, each v2 tile and split) of    autotune.json
-#                         every ResNet-50 convolution at batch 256 and
-#                         32, bf16: v1 vs v2 per shape and the choice
-#   gpu_tests     120 s   the bf16 and CUDA-graph cases first, then     gpu_tests.json
-#                         every kernel on every ResNet-50 shape and
-#                         every fused plan; stops starting new cases
-#                         at 100 s
-#   bench_kernels  50 s   python -m minidl.bench kernels (incremental)  bench_kernels.json
-#   bench_step     65 s   ResNet-50, batch 256, 224x224, --amp          bench_step.json
+# Parts, each with its own time limit, log (OUTDIR/<part>.log) and result file, the JSON
+# rewritten after every case or row so a part cut short keeps what it did; a part that fails,
+# runs out of time or leaves no readable result file gets one saying so ({"failed": rc,
+# "timed_out", "log_tail"}) and the next part still runs:
+#   env            15 s   versions, device                              env.json
+#   nvcc            5 s   the resource report --prepare made (sm_90:    nvcc.json
+#                         registers, spills per kernel), copied when
+#                         its key is the sources' hash; else "missing/
+#                         stale": no device time is spent on nvcc
+#   smoke_ptx      20 s   ptx_selftest on the device against the        smoke_ptx.json
+#                         emulator's answers (mma, ldmatrix lane maps)
+#   smoke_canary   40 s   every v2 plan once against v1, in children    smoke_canary.json
+#                         a sticky fault may kill (minidl.kernels.canary)
+#   v2_cases       45 s   every plan of every TF32/bf16 convolution     v2_cases.json
+#                         and of the fused passes, on ResNet-50's
+#                         shapes, before anything times them
+#   autotune       60 s   every candidate of every ResNet-50            autotune.json
+#                         convolution at batch 256 and 32, bf16: its
+#                         status, time and error vs v1, the choice
+#   gpu_tests      85 s   the bf16 and CUDA-graph cases, fp32           gpu_tests.json
+#                         convolutions, batch norm, pooling, loss,
+#                         SGD, a whole ResNet-50 step vs the CPU
+#   bench_kernels  40 s   python -m minidl.bench kernels                bench_kernels.json
+#   bench_step     50 s   ResNet-50, batch 256, 224x224, --amp          bench_step.json
 #                         --cuda-graph, against PyTorch eager (cuDNN,
-#                         bf16 autocast, channels_last)
-#   bench_fused    65 s   the same with --fuse (batch norm inside the    bench_fused.json
-#                         convolutions; its passes tuned in warm-up)
-#   two_ranks      45 s   2 ranks on the one GPU through the MPI        two_ranks.json
-#                         backend (CuPy buffers staged through host
-#                         memory; NCCL refuses two ranks on a device)
-#   report         10 s   everything above in one file                  report.json
-# Worst case (every part at its limit) 480 s. The autotuner's cache (MINIDL_CACHE, a temporary
-# folder shared by the parts) makes the later parts start tuned. Exit status 0 when every part
-# passed.
+#                         bf16 autocast, channels_last); the times
+#                         written first, the peak memory after
+#   bench_fused    50 s   the same with --fuse                           bench_fused.json
+#   two_ranks      35 s   2 ranks on the one GPU through the MPI        two_ranks.json
+#                         backend (tests/gpu_two_ranks.sh)
+#   report          5 s   everything above in one file                  report.json
+# The case runners stop starting new cases 10-15 s before their part's limit. Worst case,
+# every part at its limit and killed 2 s after it: 450 + 12 x 2 = 474 s. If a smoke part fails,
+# the parts after it run with the v1 kernels only (MINIDL_AUTOTUNE=0; the v2 cases launch no v2
+# kernel; autotune still reports every candidate, the failed ones never run) and say so in their
+# logs, parts.jsonl and report.json: the window still gives v1 figures and the failing plans'
+# errors. The autotuner's cache (MINIDL_CACHE, a temporary folder shared by the parts) carries
+# the canary's verdicts and the choices to the later parts.
+#
+# --rerun EARLIER: each part that passed in EARLIER (with the same v1-only state) is not run
+# again, its files copied and reported as "passed earlier"; the case parts that failed rerun
+# only the cases that did not pass there; env and report always run (this machine, this run).
+#
+# --dry-run: every part on this CPU machine, the CPU emulator of the kernels standing in for the
+# GPU (tests/kernels/emulated_device.py through MINIDL_DEVICE_KERNELS), on tiny shapes, with the
+# same file formats and report.json, every limit doubled (the emulator is slower than a GPU):
+# ptx_selftest against the emulator itself, the canary and autotune on emulated kernels, the
+# gpu cases with --shapes small (the CUDA-graph cases skipped), the kernel benchmark with
+# PyTorch on the CPU for cuDNN; the step benchmark (resnet8_w8, 8x8, float32: --amp and
+# --cuda-graph need CUDA) and two ranks over MPI on the CPU path (MINIDL_KERNELS=0: a step on the
+# emulated kernels takes ~9 s; the gpu cases' whole steps run on them, with the tuner off: tuning
+# every layer of those steps on the emulator would take minutes; the tuner runs in autotune).
+# The emulator's libraries are built before the first part. --break v2 makes every v2 kernel
+# launch kill its process as a sticky fault would (EMULATED_DEVICE_BREAK=v2; v2-wrong: wrong
+# results): the run must still finish every part, with v2 failed in the canary and v1 chosen.
+#
+# Needs: python3 with NumPy, CuPy (cupy-cuda13x), PyTorch, mpi4py and mpiexec; no nvcc, no
+# pytest (the GPU tests run through tests/kernels/gpu_cases.py, the cases `pytest -m gpu` runs).
+# The bookkeeping (settings, each part's record, the report) is tests/gpu_check_parts.py.
+# Exit status 0 when every part passed, 2 on a usage error.
 set -u
-OUT=${1:?usage: bash tests/gpu_check.sh OUTDIR [EARLIER_GPU_TESTS_JSON]}
-EARLIER=${2:+$(cd "$(dirname "$2")" && pwd)/$(basename "$2")}
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+USAGE="usage: bash tests/gpu_check.sh OUTDIR [--rerun EARLIER_OUTDIR] [--dry-run [--break v2|v2-wrong]] | --prepare"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
 PY=${PYTHON:-python3}
+PREPARED=$ROOT/tests/kernels/nvcc_report.json  # --prepare's output (git-ignored; carried with the tree)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$(mktemp -d)}  # NVRTC output shared by the parts, not left in OUTDIR
-MINIDL_CACHE=${MINIDL_CACHE:-$(mktemp -d)}      # the autotuner's choices and the embedded dataset
-export CUPY_CACHE_DIR MINIDL_CACHE
-: > "$OUT/parts.jsonl"
+cd "$ROOT"
 
-part() {  # part NAME LIMIT command...: one line of OUTDIR/parts.jsonl, the output in OUTDIR/NAME.log
-    local name=$1 limit=$2 start=$SECONDS rc timed_out=false
-    shift 2
-    echo "== $name (limit ${limit}s)"
-    timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+usage_error() { echo "gpu_check: $1 ($USAGE)" >&2; exit 2; }
+
+if [ "${1:-}" = --prepare ]; then
+    [ $# -eq 1 ] || usage_error "--prepare takes no other argument"
+    "$PY" tests/kernels/nvcc_check.py --json "$PREPARED" > /dev/null
     rc=$?
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then timed_out=true; fi
-    printf '{"part": "%s", "rc": %d, "timed_out": %s, "seconds": %d, "limit": %d}\n' \
-        "$name" "$rc" "$timed_out" "$((SECONDS - start))" "$limit" >> "$OUT/parts.jsonl"
-    tail -n 3 "$OUT/$name.log"
+    echo "gpu_check --prepare: $PREPARED (nvcc exit status $rc)"
+    exit $rc
+fi
+
+OUT= EARLIER= DRY=false BREAK=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rerun) [ $# -ge 2 ] || usage_error "--rerun needs the earlier OUTDIR"; EARLIER=$2; shift 2 ;;
+        --dry-run) DRY=true; shift ;;
+        --break) [ $# -ge 2 ] || usage_error "--break needs v2 or v2-wrong"; BREAK=$2; shift 2 ;;
+        -*) usage_error "unknown option $1" ;;
+        *) [ -z "$OUT" ] || usage_error "one OUTDIR only (got $OUT and $1)"; OUT=$1; shift ;;
+    esac
+done
+[ -n "$OUT" ] || usage_error "OUTDIR is missing"
+case $BREAK in "" | v2 | v2-wrong) ;; *) usage_error "--break $BREAK: choose v2 or v2-wrong" ;; esac
+[ -z "$BREAK" ] || $DRY || usage_error "--break injects faults into the emulator: it needs --dry-run"
+if [ -n "$EARLIER" ]; then
+    [ -f "$EARLIER/parts.jsonl" ] || usage_error "--rerun $EARLIER: no parts.jsonl there (not a gpu_check OUTDIR)"
+    EARLIER=$(cd "$EARLIER" && pwd)
+fi
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+[ "$OUT" != "$EARLIER" ] || usage_error "--rerun needs another OUTDIR than the earlier one"
+CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$(mktemp -d)}  # NVRTC output shared by the parts, not left in OUTDIR
+MINIDL_CACHE=${MINIDL_CACHE:-$(mktemp -d)}      # the tuner's verdicts and choices, the embedded dataset
+export CUPY_CACHE_DIR MINIDL_CACHE
+unset EMULATED_DEVICE_BREAK
+
+if $DRY; then
+    SCALE=2 SHAPES=small SELFTEST_DEVICE=emulator TWO_RANKS=--dry-run
+    CPU_PATH=(env MINIDL_KERNELS=0)  # a step on the emulated kernels takes ~9 s: the steps run on NumPy
+    UNTUNED=(env MINIDL_AUTOTUNE=0)  # tuning each layer of the cases' steps on the emulator: minutes
+    AUTOTUNE=(--shapes small --batch-sizes 2 --modes bf16)
+    KERNELS=(--shapes small --batch-size 2 --modes bf16 --runs 1 --warmup 0)
+    STEP=(--device cpu --vs-torch --model resnet8_w8 --batch-size 2 --image-size 8 --warmup 1 --iters 2)
+    export PYTHONPATH="$ROOT/tests/kernels:$PYTHONPATH" MINIDL_DEVICE=cpu MINIDL_DEVICE_KERNELS=emulated_device:device
+    [ -z "$BREAK" ] || export EMULATED_DEVICE_BREAK=$BREAK
+else
+    SCALE=1 SHAPES=resnet50 SELFTEST_DEVICE=gpu TWO_RANKS= CPU_PATH=() UNTUNED=()
+    AUTOTUNE=(--batch-sizes 256,32 --modes bf16)
+    KERNELS=()
+    STEP=(--device gpu --amp --cuda-graph --vs-torch --model resnet50 --batch-size 256 --image-size 224 --warmup 3
+          --iters 10)
+fi
+
+PARTS=tests/gpu_check_parts.py  # the bookkeeping: settings, records of the parts, the report
+"$PY" $PARTS settings "$OUT" "$DRY" "$BREAK" "$EARLIER" || exit 2
+: > "$OUT/parts.jsonl"
+if $DRY; then
+    echo "== emulator build"
+    "$PY" -c "import emulated_device; emulated_device.build()" || echo "gpu_check: the emulator build failed" >&2
+fi
+
+V1_ONLY=  # the reason, once a smoke part failed
+V1=()     # the environment of the parts after it: the v1 kernels only
+
+part() {  # part NAME LIMIT RESULT command...: runs it (unless it passed in EARLIER); returns its status
+    local name=$1 limit=$(($2 * SCALE)) result=$3 start=$SECONDS rc earlier=false
+    shift 3
+    if [ -n "$EARLIER" ] && [ "$name" != env ] && [ "$name" != report ] &&
+        "$PY" $PARTS passed-earlier "$EARLIER" "$name" "$V1_ONLY"; then
+        cp "$EARLIER/$result" "$OUT/$result" 2>/dev/null
+        cp "$EARLIER/$name.log" "$OUT/$name.log" 2>/dev/null
+        echo "== $name: passed earlier ($EARLIER)"
+        earlier=true rc=0
+    else
+        echo "== $name (limit ${limit}s${V1_ONLY:+, v1 only})"
+        { [ -z "$V1_ONLY" ] || echo "v1 only: $V1_ONLY"; } > "$OUT/$name.log"
+        timeout --kill-after=2 "$limit" "$@" >> "$OUT/$name.log" 2>&1
+        rc=$?
+    fi
+    "$PY" $PARTS record "$OUT" "$name" "$result" "$rc" "$((SECONDS - start))" "$limit" "$earlier" "$V1_ONLY"
 }
 
-part env 10 "$PY" - "$OUT/env.json" <<'EOF'
-import json, platform, subprocess, sys
-info = {"python": sys.version.split()[0], "platform": platform.platform()}
-def version(module):
-    try:
-        return __import__(module).__version__
-    except Exception as error:  # noqa: BLE001
-        return f"unavailable: {error}"
-for module in ("numpy", "cupy", "torch", "mpi4py"):
-    info[module] = version(module)
-try:
-    import cupy
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    info.update(device=props["name"].decode(), compute_capability=cupy.cuda.Device(0).compute_capability,
-                multiprocessors=props["multiProcessorCount"], memory_gib=round(props["totalGlobalMem"] / 2**30, 1),
-                cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(), driver=cupy.cuda.runtime.driverGetVersion())
-except Exception as error:  # noqa: BLE001
-    info["device"] = f"unavailable: {error}"
-try:
-    import torch
-    info["cudnn"] = torch.backends.cudnn.version()
-except Exception:  # noqa: BLE001
-    pass
-try:
-    info["nvcc"] = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-except Exception as error:  # noqa: BLE001
-    info["nvcc"] = f"unavailable: {error}"
-json.dump(info, open(sys.argv[1], "w"), indent=1)
-print(info)
-EOF
+earlier_cases() {  # earlier_cases RESULT: "--skip-passed EARLIER/RESULT" where EARLIER has that file
+    [ -n "$EARLIER" ] && [ -f "$EARLIER/$1" ] && echo "--skip-passed $EARLIER/$1"
+}
 
-part nvcc 30 "$PY" tests/kernels/nvcc_check.py --json "$OUT/nvcc.json"
-part autotune 85 "$PY" -m minidl.bench autotune --batch-sizes 256,32 --modes bf16 --json "$OUT/autotune.json"
-part gpu_tests 120 "$PY" tests/kernels/gpu_cases.py --json "$OUT/gpu_tests.json" --seconds 100 \
-    ${EARLIER:+--skip-passed "$EARLIER"}
-part bench_kernels 50 "$PY" -m minidl.bench kernels --json "$OUT/bench_kernels.json"
-for fuse in no-fuse fuse; do
-    name=$([ $fuse = fuse ] && echo bench_fused || echo bench_step)
-    part $name 65 "$PY" -m minidl.bench step --device gpu --amp --cuda-graph --vs-torch --model resnet50 \
-        --batch-size 256 --image-size 224 --warmup 3 --iters 10 --$fuse --json
-    tail -n 1 "$OUT/$name.log" > "$OUT/$name.json"  # the step benchmark prints its JSON line last
-done
-part two_ranks 45 bash tests/gpu_two_ranks.sh "$OUT/two_ranks.json"
+part env 15 env.json "$PY" $PARTS env "$OUT/env.json" "$DRY"
+part nvcc 5 nvcc.json "$PY" tests/kernels/nvcc_check.py --prepared "$PREPARED" --json "$OUT/nvcc.json"
 
-part report 10 "$PY" - "$OUT" <<'EOF'
-import json, os, sys
-out = sys.argv[1]
-def load(name):
-    path = os.path.join(out, name)
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except Exception as error:  # noqa: BLE001 - a missing or cut-off file is reported, not fatal
-        return {"unavailable": f"{type(error).__name__}: {error}"}
-parts = [json.loads(line) for line in open(os.path.join(out, "parts.jsonl")) if line.strip()]
-for p in parts:
-    if p["rc"] != 0:
-        with open(os.path.join(out, p["part"] + ".log"), errors="replace") as f:
-            p["log_tail"] = f.read()[-3000:]
-report = {"parts": parts, "passed": all(p["rc"] == 0 for p in parts),
-          "env": load("env.json"), "nvcc": load("nvcc.json"), "autotune": load("autotune.json"),
-          "gpu_tests": load("gpu_tests.json"), "bench_kernels": load("bench_kernels.json"),
-          "bench_step": load("bench_step.json"), "bench_fused": load("bench_fused.json"),
-          "two_ranks": load("two_ranks.json")}
-with open(os.path.join(out, "report.json"), "w") as f:
-    json.dump(report, f, indent=1)
-tests = report["gpu_tests"].get("counts", report["gpu_tests"])
-print("parts:", {p["part"]: p["rc"] for p in parts}, "| gpu tests:", tests)
-print("kernel bench summary:", report["bench_kernels"].get("summary", report["bench_kernels"]))
-tuned = report["autotune"]
-print("autotune:", {k: tuned.get(k) for k in ("tuned", "seconds")},
-      "v2 chosen:", sum(r["choice"].startswith("v2") for r in tuned.get("rows", [])), "of", len(tuned.get("rows", [])))
-print("two ranks on one GPU:", report["two_ranks"])
-keys = ("minidl_img_per_s", "torch_img_per_s", "ratio", "minidl_peak_mb", "torch_peak_mb")
-print("step bench (target >= 1.0 PyTorch eager):", {k: report["bench_step"].get(k) for k in keys})
-print("step bench --fuse (target >= 1.2, peak <= 1.0):", {k: report["bench_fused"].get(k) for k in keys})
-EOF
-"$PY" -c "import json,sys; sys.exit(0 if json.load(open('$OUT/report.json'))['passed'] else 1)" 2>/dev/null
+part smoke_ptx 20 smoke_ptx.json "$PY" tests/kernels/ptx_selftest.py --json "$OUT/smoke_ptx.json" \
+    --device $SELFTEST_DEVICE
+ptx=$?
+part smoke_canary 40 smoke_canary.json "$PY" -m minidl.kernels.canary --json "$OUT/smoke_canary.json"
+canary=$?
+if [ $ptx -ne 0 ] || [ $canary -ne 0 ]; then
+    V1_ONLY="the smoke part failed (ptx_selftest exit status $ptx, canary $canary): v2 kernels not used"
+    V1=(env MINIDL_AUTOTUNE=0)
+    echo "== $V1_ONLY"
+fi
+
+part v2_cases 45 v2_cases.json ${V1[@]+"${V1[@]}"} "$PY" tests/kernels/gpu_cases.py --group v2 --shapes $SHAPES \
+    --json "$OUT/v2_cases.json" --seconds $((35 * SCALE)) ${V1_ONLY:+--v1-only} $(earlier_cases v2_cases.json)
+# the tuner stays on: it reports every candidate, and the canary's verdicts keep the failed ones from running
+part autotune 60 autotune.json "$PY" -m minidl.bench autotune "${AUTOTUNE[@]}" --json "$OUT/autotune.json"
+part gpu_tests 85 gpu_tests.json ${V1[@]+"${V1[@]}"} ${UNTUNED[@]+"${UNTUNED[@]}"} "$PY" tests/kernels/gpu_cases.py \
+    --group rest --shapes $SHAPES --json "$OUT/gpu_tests.json" --seconds $((70 * SCALE)) $(earlier_cases gpu_tests.json)
+part bench_kernels 40 bench_kernels.json ${V1[@]+"${V1[@]}"} "$PY" -m minidl.bench kernels \
+    ${KERNELS[@]+"${KERNELS[@]}"} --json "$OUT/bench_kernels.json"
+part bench_step 50 bench_step.json ${V1[@]+"${V1[@]}"} ${CPU_PATH[@]+"${CPU_PATH[@]}"} \
+    "$PY" -m minidl.bench step "${STEP[@]}" --no-fuse --json "$OUT/bench_step.json"
+part bench_fused 50 bench_fused.json ${V1[@]+"${V1[@]}"} ${CPU_PATH[@]+"${CPU_PATH[@]}"} \
+    "$PY" -m minidl.bench step "${STEP[@]}" --fuse --json "$OUT/bench_fused.json"
+part two_ranks 35 two_ranks.json ${V1[@]+"${V1[@]}"} ${CPU_PATH[@]+"${CPU_PATH[@]}"} \
+    bash tests/gpu_two_ranks.sh "$OUT/two_ranks.json" $TWO_RANKS
+
+part report 5 report.json "$PY" $PARTS report "$OUT" "$V1_ONLY"
+"$PY" $PARTS finish "$OUT"

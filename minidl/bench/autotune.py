@@ -1,10 +1,15 @@
 """`python -m minidl.bench autotune`: every plan of every ResNet-50 convolution, timed on the GPU.
 
-For each distinct convolution of ResNet-50 at each batch size and each pass, the autotuner of
-minidl.kernels times every candidate plan (the v1 kernel, each v2 tile and split that fits) on
-random inputs and keeps the fastest, as a training run's first step would; the table gives the
-v1 time, the best v2 time, their ratio and the choice. The choices land in the tuner's cache
-(MINIDL_CACHE/autotune/...), so a run or benchmark after this one starts tuned.
+For each distinct convolution of ResNet-50 at each batch size and each pass (or, with `--shapes
+small`, a few small convolutions), the autotuner of minidl.kernels validates the v2 kernels
+(the canary, once per device and source hash), then checks every candidate plan (the v1 kernel,
+each validated v2 tile and split that fits) against v1 on random inputs, times it and keeps the
+fastest, as a training run's first step would. Each row names every candidate with its status,
+time and error vs v1; the table gives the v1 time, the best v2 time, their ratio and the choice.
+The JSON file is written after every row, so a run cut short keeps its rows. The choices land in
+the tuner's cache (MINIDL_CACHE/autotune/...), so a run or benchmark after this one starts tuned.
+With an emulated device (MINIDL_DEVICE_KERNELS) the same code runs on NumPy (its times say
+nothing of a GPU).
 """
 import argparse
 import json
@@ -12,18 +17,18 @@ import sys
 
 import numpy
 
-from minidl.bench.kernels import resnet50_convs
+from minidl.bench.kernels import device_kernels, resnet50_convs, small_convs
 from minidl.errors import UserError
-from minidl.kernels.conv_v2 import PASSES
 from minidl.fileio import write_json_atomic
-
-
+from minidl.kernels.conv_v2 import PASSES
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m minidl.bench autotune", description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-sizes", default="256,32", help="comma-separated")
+    p.add_argument("--batch-sizes", default="256,32", help="comma-separated (ResNet-50 shapes)")
+    p.add_argument("--shapes", choices=("resnet50", "small"), default="resnet50",
+                   help="small: a few small convolutions (for the CPU emulator)")
     p.add_argument("--modes", default="bf16", help="comma-separated: bf16, tf32")
-    p.add_argument("--json", help="write every timing and choice here")
+    p.add_argument("--json", help="write every candidate and choice here (after every row)")
     args = p.parse_args(argv)
     try:
         args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -35,11 +40,18 @@ def parse_args(argv):
     return args
 
 
-def operands(cupy, conv_pass, mode, shape):
-    """Random inputs of one pass: (call(plan) -> output, geometry's call) on the device."""
+def shapes(args):
+    """[(name, shape)] to tune."""
+    if args.shapes == "small":
+        return list(small_convs(2).items())
+    return [item for batch in args.batch_sizes for item in resnet50_convs(batch).items()]
+
+
+def operands(xp, conv_pass, mode, shape):
+    """Random inputs of one pass on the device: call(kernels) runs it."""
     n, h, w, c, k, r, stride, padding = shape
     p = (h + 2 * padding - r) // stride + 1
-    rng = cupy.random.default_rng(0)
+    rng = xp.random.default_rng(0)
 
     def draw(dims):
         values = rng.standard_normal(dims, dtype=numpy.float32)
@@ -51,49 +63,53 @@ def operands(cupy, conv_pass, mode, shape):
             "conv_wgrad": lambda gpu: gpu.conv_grad_weight(x, gy, wt.shape, stride, padding)}[conv_pass]
 
 
-def row_of(key, timings, choice):
-    v1 = min((s for label, s in timings.items() if label.startswith("v1")), default=None)
-    v2 = min((s for label, s in timings.items() if label.startswith("v2")), default=None)
-    return {"key": key, "v1_ms": v1 and 1e3 * v1, "best_v2_ms": v2 and 1e3 * v2,
-            "v2_speedup": v1 / v2 if v1 and v2 else None, "choice": choice, "plans_ms": {
-                label: 1e3 * s for label, s in timings.items()}}
+def row_of(key, candidates, choice):
+    """One key's row: every candidate {plan, status, ms, max_error, error}, v1 against the best v2."""
+    rows = [{"plan": c["plan"], "status": c["status"], "ms": None if c["seconds"] is None else 1e3 * c["seconds"],
+             "max_error": c["max_error"], "error": c["error"]} for c in candidates]
+    v1 = min((r["ms"] for r in rows if r["plan"].startswith("v1") and r["ms"] is not None), default=None)
+    v2 = min((r["ms"] for r in rows if r["plan"].startswith("v2") and r["ms"] is not None), default=None)
+    return {"key": key, "v1_ms": v1, "best_v2_ms": v2, "v2_speedup": v1 / v2 if v1 and v2 else None,
+            "choice": choice, "candidates": rows}
 
 
-def format_table(rows):
-    lines = [f"{'pass, dtype, geometry':58} {'v1 ms':>8} {'v2 ms':>8} {'v1/v2':>6}  choice"]
-    for r in rows:
-        cells = [f"{r[f]:8.3f}" if r[f] is not None else f"{'-':>8}" for f in ("v1_ms", "best_v2_ms")]
-        speedup = f"{r['v2_speedup']:6.2f}" if r["v2_speedup"] else f"{'-':>6}"
-        lines.append(f"{r['key'][:58]:58} {cells[0]} {cells[1]} {speedup}  {r['choice']}")
-    return "\n".join(lines)
+def format_row(r):
+    cells = [f"{r[f]:8.3f}" if r[f] is not None else f"{'-':>8}" for f in ("v1_ms", "best_v2_ms")]
+    speedup = f"{r['v2_speedup']:6.2f}" if r["v2_speedup"] else f"{'-':>6}"
+    refused = [c["plan"] for c in r["candidates"] if c["status"] != "ok"]
+    return f"{r['key'][:58]:58} {cells[0]} {cells[1]} {speedup}  {r['choice']}" + (
+        f"  (not usable: {', '.join(refused)})" if refused else "")
+
+
+HEADER = f"{'pass, dtype, geometry':58} {'v1 ms':>8} {'v2 ms':>8} {'v1/v2':>6}  choice"
 
 
 def main(argv):
     args = parse_args(argv)
-    from minidl import backend, kernels
-    if not backend.on_gpu:
-        raise UserError("the autotuning benchmark times kernels on a CUDA GPU, and there is none here: run it on "
-                        "a GPU machine")
-    import cupy
-    gpu = kernels.device()
+    gpu, xp = device_kernels()
     if gpu.tuner is None:
         raise UserError("MINIDL_AUTOTUNE=0 turns the autotuner off: unset it to time the plans")
     rows = []
-    for batch in args.batch_sizes:
-        for name, shape in resnet50_convs(batch).items():
-            for mode in args.modes:
-                for conv_pass in PASSES:
-                    if (conv_pass == "conv_dgrad" and name.startswith("conv1")) or shape[3] % 8:
-                        continue  # the image needs no gradient; the stem's 3 channels run on v1's SIMT tile
-                    before = set(gpu.tuner.choices)
-                    operands(cupy, conv_pass, mode, shape)(gpu)
-                    for key in set(gpu.tuner.choices) - before:
-                        rows.append(row_of(key, gpu.tuner.timings.get(key, {}), gpu.tuner.choices[key].label()))
-                        print(format_table(rows[-1:]).splitlines()[1], flush=True)
-    report = {**gpu.tuner.report(), "rows": rows}
-    if args.json:
-        write_json_atomic(args.json, report)
-    print(format_table(rows))
+
+    def write():
+        if args.json:
+            write_json_atomic(args.json, {**gpu.tuner.report(), "rows": rows})
+
+    write()
+    print(HEADER, flush=True)
+    for name, shape in shapes(args):
+        for mode in args.modes:
+            for conv_pass in PASSES:
+                if (conv_pass == "conv_dgrad" and name.startswith("conv1")) or shape[3] % 8:
+                    continue  # the image needs no gradient; the stem's 3 channels run on v1's SIMT tile
+                before = set(gpu.tuner.choices)
+                operands(xp, conv_pass, mode, shape)(gpu)
+                for key in sorted(set(gpu.tuner.choices) - before):
+                    rows.append(row_of(key, gpu.tuner.candidates.get(key, []), gpu.tuner.choices[key].label()))
+                    write()
+                    print(format_row(rows[-1]), flush=True)
+    report = gpu.tuner.report()
+    write()
     speedups = [r["v2_speedup"] for r in rows if r["v2_speedup"]]
     if speedups:
         geomean = float(numpy.exp(numpy.mean(numpy.log(speedups))))

@@ -11,13 +11,17 @@ kernels (channels_last, TF32 allowed, bf16 tensors) as a speed ratio (> 1: minid
 Each operation is validated against PyTorch's result before it is timed.
 
 Targets (met here, not in tests): convolutions ≥ 0.5× cuDNN (geometric mean), batch norm
-≥ 70% and SGD ≥ 80% of the copy bandwidth. GPU only: on a CPU it says so and exits 2.
+≥ 70% and SGD ≥ 80% of the copy bandwidth. GPU only: on a CPU it says so and exits 2, unless an
+emulated device is in charge of NumPy arrays (MINIDL_DEVICE_KERNELS; tests/gpu_check.sh
+--dry-run): then the same code runs with NumPy for CuPy, PyTorch on the CPU for the peers and a
+host clock for the events, on `--shapes small` (its figures say nothing of a GPU).
 """
 import argparse
 import json
 import math
 import statistics
 import sys
+import time
 
 import numpy
 
@@ -31,7 +35,19 @@ PEAK_FLOP_PER_CLOCK = {(8, 0): {"fp32": 128, "tf32": 1024, "bf16": 2048},
                        (9, 0): {"fp32": 256, "tf32": 2048, "bf16": 4096}}
 RESNET50_STAGES = ((64, 3), (128, 4), (256, 6), (512, 3))  # (planes, blocks), v1.5: stride in the 3×3
 PARAMETERS_RESNET50 = RESNET50_GRADIENT_BYTES // 4
-DEVICE = "cuda"  # PyTorch's device for the peers (tests run the measuring code on "cpu")
+DEVICE = "cuda"  # PyTorch's device for the peers ("cpu" beside an emulated device)
+SMALL_PARAMETERS = 4096  # the SGD buffer of --shapes small
+
+
+def device_kernels():
+    """(Kernels, array module) of the device the kernels run on: CuPy's GPU, or the kernels of
+    MINIDL_DEVICE_KERNELS (an emulated device on NumPy arrays: the GPU check's dry run). A
+    UserError where there is neither."""
+    from minidl import backend, environment, kernels
+    if not (backend.on_gpu or environment.value("MINIDL_DEVICE_KERNELS")):
+        raise UserError("needs a CUDA GPU and CuPy (none usable here), or an emulated device "
+                        "(MINIDL_DEVICE_KERNELS): run it on a GPU machine")
+    return kernels.device(), kernels.device_array_module()
 
 
 def resnet50_layers(batch, image=224):
@@ -69,6 +85,17 @@ def resnet50_batch_norms(batch, image=224):
     return _distinct(shapes)
 
 
+def small_convs(batch):
+    """A few tiny convolutions for an emulated device (seconds each): 1×1s on the v2 tiles, one of
+    stride 2, edges inside every tile; at batch 2 those `bench autotune --shapes small` tunes, so
+    the tuner's cache serves them."""
+    return {"small 1x1": (batch, 5, 5, 64, 64, 1, 1, 0), "small 1x1/2": (batch, 6, 6, 128, 64, 1, 2, 0)}
+
+
+def small_batch_norms(batch):
+    return {"bn 4x4x64": (batch, 4, 4, 64)}
+
+
 def _distinct(layers):
     first, count = {}, {}
     for name, shape in layers:
@@ -78,6 +105,23 @@ def _distinct(layers):
 
 
 # ---- measurement -------------------------------------------------------------------------------
+
+class HostTimer:
+    """Median wall time (ms) of a callable (an emulated device computes on the host, synchronously)."""
+
+    def __init__(self, runs, warmup):
+        self.runs, self.warmup = runs, warmup
+
+    def __call__(self, function, torch=None):  # `torch` as in Timer: PyTorch on the CPU is synchronous too
+        for _ in range(self.warmup):
+            function()
+        times = []
+        for _ in range(self.runs):
+            start = time.perf_counter()
+            function()
+            times.append(1e3 * (time.perf_counter() - start))
+        return statistics.median(times)
+
 
 class Timer:
     """Median GPU time (ms) of a callable, L2 flushed before every run."""
@@ -106,9 +150,9 @@ class Timer:
         return statistics.median(times)
 
 
-def copy_bandwidth(cupy, timer):
+def copy_bandwidth(cupy, timer, values=256 << 20):
     """Measured device-to-device copy bandwidth (GB/s): 2 bytes moved per byte copied."""
-    source = cupy.ones(256 << 20, dtype=numpy.float32)
+    source = cupy.ones(values, dtype=numpy.float32)
     target = cupy.empty_like(source)
     milliseconds = timer(lambda: cupy.copyto(target, source))
     return 2 * source.nbytes / milliseconds / 1e6
@@ -179,8 +223,10 @@ def _measure(rows, row, timer, torch, setup):
     rows.append(row)
 
 
-def bench_convs(gpu, cupy, torch, timer, modes, batch, rows):
-    for name, shape in resnet50_convs(batch).items():
+def bench_convs(gpu, cupy, torch, timer, modes, batch, rows, convs=None):
+    """Every pass of each convolution of `convs` (a function of the batch size; ResNet-50's by
+    default) in each mode."""
+    for name, shape in (convs or resnet50_convs)(batch).items():
         n, h, w, c, k, r, stride, padding = shape
         p = (h + 2 * padding - r) // stride + 1
         for mode in modes:
@@ -227,9 +273,10 @@ def _batch_norm_case(gpu, cupy, torch, shape, dtype):
                     None)}
 
 
-def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows):
-    """BN training forward (statistics, normalize) and backward; fp32 data unless bf16."""
-    for name, shape in resnet50_batch_norms(batch).items():
+def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows, shapes=None):
+    """BN training forward (statistics, normalize) and backward; fp32 data unless bf16; on
+    `shapes` (a function of the batch size; ResNet-50's by default)."""
+    for name, shape in (shapes or resnet50_batch_norms)(batch).items():
         for mode in sorted({"bf16" if m == "bf16" else "fp32" for m in modes}):
             itemsize, dtype = (2, torch.bfloat16) if mode == "bf16" else (4, torch.float32)
             case = {}
@@ -245,8 +292,8 @@ def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows):
                      timer, torch, lambda: setup("bwd"))
 
 
-def bench_sgd(gpu, cupy, torch, timer, rows):
-    n = round_up(PARAMETERS_RESNET50, 1024)  # the flat buffer, as FlatParameters pads it
+def bench_sgd(gpu, cupy, torch, timer, rows, parameters=None):
+    n = round_up(parameters or PARAMETERS_RESNET50, 1024)  # the flat buffer, as FlatParameters pads it
     rng = cupy.random.default_rng(0)
     w, g, u = (rng.standard_normal(n, dtype=cupy.float32) for _ in range(3))
     decay = cupy.full(n, 1e-4, dtype=cupy.float32)
@@ -314,6 +361,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--modes", default="tf32,bf16", help="comma-separated: tf32 (fp32 data), bf16, fp32 (exact)")
     p.add_argument("--only", default="conv,bn,sgd", help="comma-separated: conv, bn, sgd")
+    p.add_argument("--shapes", choices=("resnet50", "small"), default="resnet50",
+                   help="ResNet-50's layers at --batch-size, or a few tiny ones (for an emulated device)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="print one JSON object instead of a table; with FILE, write it there after every "
                         "operation (a run cut short keeps what it measured)")
@@ -325,26 +374,29 @@ def parse_args(argv):
 
 
 def main(argv):
+    global DEVICE
     args = parse_args(argv)
-    from minidl import backend, kernels
-    if not backend.on_gpu:
-        raise UserError("the kernel benchmark needs a CUDA GPU and CuPy (none usable here); "
-                        "run it on a GPU machine")
-    import cupy
+    gpu, cupy = device_kernels()  # cupy: NumPy beside an emulated device
+    emulated = cupy is numpy
+    DEVICE = "cpu" if emulated else "cuda"
     try:
         import torch
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
     except ImportError:
         torch = None
-    gpu = kernels.device()
-    timer = Timer(cupy, args.runs, args.warmup)
-    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    timer = HostTimer(args.runs, args.warmup) if emulated else Timer(cupy, args.runs, args.warmup)
+    if emulated:
+        name = "emulated device (CPU)"
+    else:
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    small = args.shapes == "small"
     report = {"device": name.decode() if isinstance(name, bytes) else name, "batch_size": args.batch_size,
-              "runs": args.runs, "warmup": args.warmup, "ceilings": {}, "summary": {}, "rows": []}
+              "shapes": args.shapes, "runs": args.runs, "warmup": args.warmup, "ceilings": {}, "summary": {},
+              "rows": []}
     rows, ceilings = report["rows"], report["ceilings"]
-    ceilings["copy_gbps"] = copy_bandwidth(cupy, timer)
-    ceilings.update({mode: peak_tflops(cupy, mode) for mode in ("fp32", "tf32", "bf16")})
+    ceilings["copy_gbps"] = copy_bandwidth(cupy, timer, 1 << 20 if small else 256 << 20)
+    ceilings.update({mode: None if emulated else peak_tflops(cupy, mode) for mode in ("fp32", "tf32", "bf16")})
 
     class Progress(list):  # rows that rewrite the report file as they arrive
         def append(self, row):
@@ -354,16 +406,19 @@ def main(argv):
                 write_json_atomic(args.json, report)
 
     rows = Progress()
+    if args.json not in (None, "-"):  # the device and its ceilings, before the first operation
+        write_json_atomic(args.json, report)
     only = set(args.only.split(","))
     if torch is None and only & {"conv", "bn"}:
         print("PyTorch is not importable: convolutions and batch norm need it for their inputs and "
               "validation; only SGD is measured", file=sys.stderr)
     if torch is not None and "conv" in only:
-        bench_convs(gpu, cupy, torch, timer, args.modes, args.batch_size, rows)
+        bench_convs(gpu, cupy, torch, timer, args.modes, args.batch_size, rows, small_convs if small else None)
     if torch is not None and "bn" in only:
-        bench_batch_norms(gpu, cupy, torch, timer, args.modes, args.batch_size, rows)
+        bench_batch_norms(gpu, cupy, torch, timer, args.modes, args.batch_size, rows,
+                          small_batch_norms if small else None)
     if "sgd" in only:
-        bench_sgd(gpu, cupy, torch, timer, rows)
+        bench_sgd(gpu, cupy, torch, timer, rows, SMALL_PARAMETERS if small else None)
     report["rows"], report["summary"] = list(rows), summarize(list(rows), ceilings)
     if args.json == "-":
         print(json.dumps(report))

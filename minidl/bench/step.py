@@ -5,7 +5,8 @@ Both frameworks get the same model (PyTorch's is the plain-torch twin in torch_r
 batch, input size and thread count; their steps alternate so that both see the same machine
 state, and the medians after warm-up are compared as img/s. Peak memory is measured in a
 fresh subprocess per framework (peak RSS above the RSS after imports on CPU; the memory-pool
-high-water mark on GPU, the CUDA graph's private pool included). On GPU PyTorch runs eager with
+high-water mark on GPU, the CUDA graph's private pool included), after the times are reported
+(`--json`: a line, or the file, with the times first). On GPU PyTorch runs eager with
 cuDNN, channels_last and bf16 autocast; minidl runs in fp32 unless `--amp` (bf16 activations,
 the like-for-like comparison), and `--cuda-graph` replays its whole step from a CUDA graph. With
 either flag minidl's step is the trainer's device step (minidl.training.device_step: a uint8 batch
@@ -43,7 +44,10 @@ def parse_args(argv):
                    help="minidl's batch norms fused into the convolutions (train.py's --fuse)")
     p.add_argument("--amp", action="store_true", help="minidl in bf16 (GPU only)")
     p.add_argument("--cuda-graph", action="store_true", help="replay minidl's step from a CUDA graph (GPU only)")
-    p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="JSON instead of a table: a line with the step times first, then one with the peak "
+                        "memory too (measured after, in subprocesses); with FILE, written there at each of "
+                        "the two moments (a run cut short keeps the times)")
     p.add_argument("--memory-of", choices=("minidl", "torch"), help=argparse.SUPPRESS)  # the subprocess mode
     return p.parse_args(argv)
 
@@ -238,8 +242,7 @@ def main(argv):
     result = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
               "device": args.device, "amp": args.amp, "cuda_graph": args.cuda_graph, "fuse": args.fuse,
               "threads": threads,
-              "minidl_step_ms": 1e3 * seconds[0],
-              "minidl_img_per_s": args.batch_size / seconds[0], "minidl_peak_mb": peak_memory_mb(args, "minidl")}
+              "minidl_step_ms": 1e3 * seconds[0], "minidl_img_per_s": args.batch_size / seconds[0]}
     from minidl import environment
     if environment.value(UNSET_NOTE):
         result["unset_env"] = environment.value(UNSET_NOTE)
@@ -248,12 +251,14 @@ def main(argv):
                       trace_overhead=seconds[-1] / seconds[0] - 1)
     if args.vs_torch:
         result.update(torch_step_ms=1e3 * seconds[1], torch_img_per_s=args.batch_size / seconds[1],
-                      torch_peak_mb=peak_memory_mb(args, "torch"))
-        result.update(ratio=result["minidl_img_per_s"] / result["torch_img_per_s"],
-                      memory_ratio=result["minidl_peak_mb"] / result["torch_peak_mb"])
-    if args.json:
-        print(json.dumps(result))
-    else:
+                      ratio=seconds[1] / seconds[0])  # minidl's img/s over PyTorch's
+    write_json(args.json, result)  # the times first: the memory subprocesses take as long again
+    result["minidl_peak_mb"] = peak_memory_mb(args, "minidl")
+    if args.vs_torch:
+        result["torch_peak_mb"] = peak_memory_mb(args, "torch")
+        result["memory_ratio"] = result["minidl_peak_mb"] / result["torch_peak_mb"]
+    write_json(args.json, result)
+    if not args.json:
         print_table(result)
     if args.profile:
         from minidl.bench.profile import print_profile
@@ -262,6 +267,15 @@ def main(argv):
             print(f"saved for backward: {steps[0].saved_bytes() / args.batch_size / 1024:.0f} KiB per image "
                   "(the parameters not counted)")
     return 0
+
+
+def write_json(destination, result):
+    """The result as a JSON line on stdout ("-"), or written to the file `destination` (None: neither)."""
+    if destination == "-":
+        print(json.dumps(result), flush=True)
+    elif destination is not None:
+        from minidl.fileio import write_json_atomic
+        write_json_atomic(destination, result)
 
 
 def print_table(result):

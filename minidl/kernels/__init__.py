@@ -6,6 +6,12 @@ written twice), launch geometry, tile choice and workspaces. `loader` finds and 
 sources. `Kernels(load, multiprocessors)` is every family's launch methods in one object; on a
 GPU `device()` is the one for the current GPU, and tests/kernels builds one over a CPU emulator
 of the same sources, so every line of the launchers also runs in CI, on NumPy arrays.
+MINIDL_DEVICE_KERNELS=module:function puts such kernels in the GPU's place for a whole process
+(and its canary children): `device()` and `serving` then use what that function returns,
+(Kernels, array type) — the GPU check's dry run on the CPU emulator.
+
+`tuner_for(device, cuda_version, timer)` is a device's autotuner (None where MINIDL_AUTOTUNE=0):
+its cache under MINIDL_CACHE, its validation the canary (minidl.kernels.canary).
 
 Which implementation an operation runs is decided in ONE place, `serving(*arrays)`: the
 kernels in use serve arrays of their array type (CuPy on a GPU) holding float32 or bf16
@@ -16,9 +22,13 @@ charge for a while (the emulator takes NumPy arrays).
 import contextlib
 import dataclasses
 import functools
+import importlib
+
+import numpy
 
 from minidl import environment
 from minidl.backend import on_gpu
+from minidl.errors import UserError
 from minidl.kernels import amp, autotune, batchnorm, conv, conv_v2, loader, normconv, pool, sgd, softmax_xent
 from minidl.kernels.launch import KERNEL_DTYPES
 
@@ -40,20 +50,54 @@ def load_family(family):
     return loader.load_rawmodule(family, module.NAMES, tuple(sorted(module.DEFINES.items())))
 
 
-@functools.lru_cache(maxsize=None)
-def device():
-    """The Kernels of the current GPU, with the autotuner unless MINIDL_AUTOTUNE=0."""
+def tuner_for(device_name, cuda_version, timer, capturing=lambda: False):
+    """The autotuner of a device, or None where MINIDL_AUTOTUNE=0: validated by the canary in
+    child processes, its results in MINIDL_CACHE/autotune/<device>-cuda<version>.json."""
+    if not environment.value("MINIDL_AUTOTUNE"):
+        return None
+    from minidl.kernels import canary  # not at import: `python -m minidl.kernels.canary` runs it as __main__
+    return autotune.Autotuner(timer, autotune.cache_path(environment.cache_dir(), device_name, cuda_version),
+                              capturing, canary.source_hash(), device_name, canary.validator())
+
+
+def _gpu():
     import cupy
     gpu = cupy.cuda.Device()
-    tuner = None
-    if environment.value("MINIDL_AUTOTUNE"):
-        name = cupy.cuda.runtime.getDeviceProperties(gpu.id)["name"]
-        path = autotune.cache_path(environment.cache_dir(), name.decode() if isinstance(name, bytes) else name,
-                                   cupy.cuda.runtime.runtimeGetVersion())
-        tuner = autotune.Autotuner(autotune.cuda_timer(cupy), path,
-                                   capturing=lambda: cupy.cuda.get_current_stream().is_capturing())
-    return Kernels(load_family, gpu.attributes["MultiProcessorCount"], allow_tf32=environment.value("MINIDL_TF32"),
-                   tuner=tuner)
+    name = cupy.cuda.runtime.getDeviceProperties(gpu.id)["name"]
+    tuner = tuner_for(name.decode() if isinstance(name, bytes) else name, cupy.cuda.runtime.runtimeGetVersion(),
+                      autotune.windowed_timer(autotune.cuda_window(cupy)),
+                      lambda: cupy.cuda.get_current_stream().is_capturing())
+    kernels = Kernels(load_family, gpu.attributes["MultiProcessorCount"], allow_tf32=environment.value("MINIDL_TF32"),
+                      tuner=tuner)
+    return kernels, cupy.ndarray
+
+
+@functools.lru_cache(maxsize=None)
+def _device_and_array_type():
+    """(Kernels, array type) of the device: MINIDL_DEVICE_KERNELS's function's, else the GPU's."""
+    seam = environment.value("MINIDL_DEVICE_KERNELS")
+    if seam is None:
+        return _gpu()
+    module, function = seam
+    try:
+        make = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as error:
+        raise UserError(f"MINIDL_DEVICE_KERNELS={module}:{function}: {error}: put the module's folder on "
+                        "PYTHONPATH, or unset the variable") from None
+    return make()
+
+
+def device():
+    """The Kernels of the device (the current GPU), with the autotuner unless MINIDL_AUTOTUNE=0."""
+    return _device_and_array_type()[0]
+
+
+def device_array_module():
+    """The array module of the device's arrays: CuPy on a GPU, NumPy for emulated kernels."""
+    array_type = _device_and_array_type()[1]
+    if issubclass(array_type, numpy.ndarray):
+        return numpy
+    return importlib.import_module(array_type.__module__.split(".")[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +108,8 @@ class _InCharge:
 
 @functools.lru_cache(maxsize=None)
 def _default():
-    if on_gpu and environment.value("MINIDL_KERNELS"):
-        import cupy
-        return _InCharge(device(), cupy.ndarray)
+    if environment.value("MINIDL_KERNELS") and (on_gpu or environment.value("MINIDL_DEVICE_KERNELS")):
+        return _InCharge(*_device_and_array_type())
     return _InCharge(None, None)
 
 

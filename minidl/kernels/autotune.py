@@ -1,27 +1,58 @@
 """The runtime autotuner: on a GPU, the first call of a (pass, dtype, shape) times every candidate
-kernel plan and keeps the fastest; the old kernels are always among the candidates, so a kernel
-written without a GPU can never make a user slower.
+kernel plan and keeps the fastest. The v1 kernels are always candidates, and a v2 plan is one
+only after it was validated on this device and these sources, so a kernel written without a GPU
+can neither make a user slower nor give a wrong result.
 
-`Autotuner(timer, cache_path).choose(key, plans, run)` returns the plan for `key`: from memory,
-else from the JSON cache of this device and CUDA version (the same cache gives the same
-choices, hence the same bits), else by timing `run(plan)` for each of `plans()` (called only
-for a key not in memory; the key names everything the plans depend on; `timer(function)`:
-seconds, the median of a few timed calls after a warm-up; CUDA events on the GPU) and writing
-the winner to the cache. Tuning cannot run while a CUDA graph is being captured (`capturing()`):
-the graphed step's eager warm-up calls come first and meet every shape (minidl.training.graph);
-a key first met during a capture takes the first plan, the v1 kernel, untimed.
-`report()` says how many keys were tuned in this process and how long it took, and every
-choice in use. MINIDL_AUTOTUNE=0 turns the tuner off: then the first plan, the v1 kernel, runs
-(minidl.kernels.conv).
+`Autotuner(timer, cache_path, ...).choose(key, plans, run, kind, tolerance)` returns the plan for
+`key`: from memory, else from the JSON cache of this device, CUDA version and source hash (the
+same cache gives the same choices, hence the same bits), else by running `run(plan)` for each
+usable plan of `plans()` (called only for a key not in memory; the key names everything the
+plans depend on). `run(plan)` returns the call's outputs, compared with the v1 plan's outputs of
+the same call; `timer(function)` gives the seconds of one call (`windowed_timer`).
+
+Validation, before the first choice of a process (`validated()`): the `validate` hook (the
+canary, minidl.kernels.canary) runs, in child processes that a sticky fault may kill, every v2
+kernel the cache has no status for, and records each as ok, failed (with the error) or mismatch
+(with its error vs v1). While a key is tuned, a plan that raises or disagrees with v1 is recorded
+the same way. A plan recorded failed or mismatch is never run again on this device and source
+hash; the run goes on with the others. Agreement between v1 and a plan, for one call:
+
+    max |plan − v1| <= TOLERANCE[dtype] · max |v1|   (per output array)
+
+Each of them is within tests/kernels/oracle.py's TOLERANCE of the float64 result (bf16 1.5e-2,
+tf32 5e-3 of the largest value), so two correct plans differ by at most twice that; a wrong
+index, a missed tile edge or garbage gives an error of the order of the values themselves.
+
+Many processes, one decision: an `agreement` (default `ALONE`; minidl.training.build gives one
+over the ranks) says whether this process validates for its node (`leads_node`), combines the
+failed plans of every process (`union`: failed anywhere, failed everywhere) and lets one process
+decide each key for all (`decide(function) -> label`).
+
+Tuning cannot run while a CUDA graph is being captured (`capturing()`): the graphed step's eager
+warm-up calls come first and meet every shape (minidl.training.graph); a key first met during a
+capture takes the first plan, the v1 kernel, untimed. `report()` says what was validated and
+tuned, every candidate's status, time and error vs v1, and every choice in use.
+MINIDL_AUTOTUNE=0 turns the tuner off: then the first plan, the v1 kernel, runs.
 """
 import dataclasses
 import json
+import math
+import statistics
+import sys
 import time
 from pathlib import Path
 
+import numpy
+
+from minidl.backend import BF16, get_array_module
 from minidl.fileio import write_json_atomic
 
-TIMED_CALLS = 3
+TOLERANCE = {"bf16": 3e-2, "tf32": 1e-2}  # max|plan − v1| / max|v1|, twice the oracle's (see above)
+STATUSES = ("ok", "failed", "mismatch")
+WINDOW_SECONDS = 1e-3  # one timed window of back-to-back calls spans at least this
+WINDOWS = 5
+MAX_CALLS_PER_WINDOW = 1000
+TOLD_FAILURES = 6  # kernel names in the validation's line (every one is in the cache and the report)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,78 +70,268 @@ class Plan:
         version, tile, splits = label.split(":")
         return Plan(version, tile, int(splits))
 
+    def kernel_name(self, kind):
+        """What one validation covers: the kernel of pass-and-fusion `kind` with this tile, and
+        whether the split-K reduction follows it (any split count: the same kernels)."""
+        return f"{kind} {self.tile}{' split' if self.splits > 1 else ''}"
 
-def cuda_timer(cupy):
-    """A timer of device work: the median of TIMED_CALLS calls between CUDA events, after one warm-up."""
-    def timer(function):
-        function()
-        seconds = []
-        for _ in range(TIMED_CALLS):
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
+
+def windowed_timer(open_window, window_seconds=WINDOW_SECONDS, windows=WINDOWS):
+    """A timer of one call: after a warm-up call, `count` back-to-back calls between one pair of
+    marks, `count` doubled (or scaled up) from one until the pair spans at least `window_seconds`;
+    the median of `windows` such windows, divided by `count`. `open_window()` marks a start and
+    returns `close()`, the seconds since (CUDA events on the GPU: `cuda_window`).
+
+    Why a window of many calls: a pair of events around ONE launch on an idle GPU also measures
+    the host's launch latency (the start event runs at once, the kernel only when Python has
+    launched it), which for 20-100 µs kernels favours plans of fewer launches (no split-K
+    reduction), while a training step replayed from a CUDA graph has no launch latency at all.
+    Back-to-back calls queue behind each other, so the window holds device time only (but the
+    first call's latency, 1/count of it). Chosen over keeping the GPU busy before the start event
+    (a spin kernel) because it needs no extra kernel, whose length would have to be calibrated
+    against the host's speed, and it works unchanged on a wall clock (the CPU emulator)."""
+    def window(function, count):
+        close = open_window()
+        for _ in range(count):
             function()
-            end.record()
-            end.synchronize()
-            seconds.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-        return sorted(seconds)[len(seconds) // 2]
+        return close()
+
+    def timer(function):
+        function()  # a warm-up: a first call may compile, or wait for the host
+        count, span = 1, window(function, 1)
+        while span < window_seconds and count < MAX_CALLS_PER_WINDOW:
+            count = min(MAX_CALLS_PER_WINDOW, max(2 * count, math.ceil(count * window_seconds / max(span, 1e-9))))
+            span = window(function, count)
+        return statistics.median(window(function, count) / count for _ in range(windows))
     return timer
 
 
+def cuda_window(cupy):
+    """open_window() for windowed_timer: CUDA events on the current stream."""
+    def open_window():
+        start = cupy.cuda.Event()
+        start.record()
+
+        def close():
+            end = cupy.cuda.Event()
+            end.record()
+            end.synchronize()
+            return cupy.cuda.get_elapsed_time(start, end) / 1e3
+        return close
+    return open_window
+
+
+def wall_window():
+    """open_window() for windowed_timer on a wall clock (work that is done when it returns)."""
+    start = time.perf_counter()
+    return lambda: time.perf_counter() - start
+
+
+def comparable(array):
+    """A float32 copy of an output (bf16 bits widened), for comparing two plans."""
+    if array.dtype == BF16:
+        return (array.astype(numpy.uint32) << 16).view(numpy.float32)
+    return array.astype(numpy.float32)
+
+
+def relative_error(outputs, reference):
+    """max over the arrays of max|a − b| / max|b|; infinite where an output is not finite."""
+    worst = 0.0
+    for ours, theirs in zip(outputs, reference):
+        xp, ours = get_array_module(theirs), comparable(ours)
+        if ours.shape != theirs.shape or not bool(xp.isfinite(ours).all()):
+            return float("inf")
+        if theirs.size:
+            scale = max(float(xp.abs(theirs).max()), 1e-30)
+            worst = max(worst, float(xp.abs(ours - theirs).max()) / scale)
+    return worst
+
+
+def disagreement(error, tolerance):
+    return f"max error {error:.3g} of the largest v1 value, tolerance {tolerance:g}"
+
+
+class Alone:
+    """The agreement of a single process: it validates, and decides for itself."""
+    leads_node = True
+
+    @staticmethod
+    def union(names):
+        return set(names)
+
+    @staticmethod
+    def decide(function):
+        return function()
+
+
+ALONE = Alone()
+
+
 class Autotuner:
-    def __init__(self, timer, cache_path=None, capturing=lambda: False):
-        self.timer, self.cache_path, self.capturing = timer, Path(cache_path) if cache_path else None, capturing
-        self.choices = {}  # key -> Plan
-        self.timings = {}  # key -> {label: seconds}, for the keys tuned in this process
+    def __init__(self, timer, cache_path=None, capturing=lambda: False, source_hash="", device="",
+                 validate=None, agreement=ALONE):
+        """`validate(known, record)`: runs the validation of every kernel not in `known` ({name:
+        record}), calling `record(name, record)` after each (minidl.kernels.canary.validator)."""
+        self.timer, self.capturing, self.validate = timer, capturing, validate
+        self.cache_path = Path(cache_path) if cache_path else None
+        self.source_hash, self.device, self.agreement = source_hash, device, agreement
+        self.choices = {}     # key -> Plan
+        self.candidates = {}  # key -> [{plan, status, seconds, max_error, error}], keys tuned here
         self.tuned, self.seconds = 0, 0.0
-        self._cached = self._read_cache()
+        self.validation = None  # {"ran", "seconds", "failed"} once validated in this process
+        self.failed_elsewhere = set()  # kernel names another process of the job found failing
+        self._cache = self._read_cache()
 
     def _read_cache(self):
+        empty = {"source_hash": self.source_hash, "plans": {}, "choices": {}}
         if self.cache_path is None or not self.cache_path.exists():
-            return {}
+            return empty
         try:
-            return json.loads(self.cache_path.read_text())
-        except (OSError, ValueError):  # a damaged cache is tuned again, not fatal
-            return {}
+            cache = json.loads(self.cache_path.read_text())
+        except (OSError, ValueError):  # a damaged cache is validated and tuned again, not fatal
+            return empty
+        if not isinstance(cache, dict) or cache.get("source_hash") != self.source_hash:
+            return empty  # other kernel sources: their statuses and choices do not hold
+        return {**empty, **cache}
 
-    def choose(self, key, plans, run):
-        """The plan for `key` among `plans()` (timing `run(plan)` for each where `key` is new)."""
+    @property
+    def statuses(self):
+        """{kernel name: {status, error, max_error, seconds}} of this device and source hash."""
+        return self._cache["plans"]
+
+    def validated(self, on_result=None):
+        """Validate every v2 kernel once per process (the agreement's node leader runs the hook),
+        then combine the failures of every process; `on_result(name, record, reused)` is told
+        of each kernel, from the cache or from the hook. Returns the statuses."""
+        if self.validation is not None and on_result is None:
+            return self.statuses
+        for name, known in list(self.statuses.items()):
+            if on_result is not None:
+                on_result(name, known, True)
+        start, ran = time.perf_counter(), []
+        if self.validate is not None and self.agreement.leads_node:
+            def record(name, result):
+                ran.append(name)
+                self.statuses[name] = result
+                self._write_cache()
+                if on_result is not None:
+                    on_result(name, result, False)
+            self.validate(dict(self.statuses), record)
+        failed = {name for name, r in self.statuses.items() if r["status"] != "ok"}
+        self.failed_elsewhere = self.agreement.union(failed) - failed
+        self.validation = {"ran": len(ran), "seconds": time.perf_counter() - start,
+                           "failed": sorted(failed | self.failed_elsewhere)}
+        if ran:
+            failures = [name for name in ran if self.statuses[name]["status"] != "ok"]
+            more = f" and {len(failures) - TOLD_FAILURES} more" if len(failures) > TOLD_FAILURES else ""
+            told = f"{len(failures)} failed: {', '.join(failures[:TOLD_FAILURES])}{more}" if failures else "none failed"
+            print(f"minidl: validated {len(ran)} kernel plans on {self.device or 'this device'} in "
+                  f"{self.validation['seconds']:.1f} s; {told} — using the others, v1 always among them",
+                  flush=True)
+        return self.statuses
+
+    def usable(self, plan, kind):
+        """Whether `plan` may run: v1 always, a v2 plan once validated ok here and nowhere failed."""
+        if plan.version == "v1":
+            return True
+        name = plan.kernel_name(kind)
+        return self.statuses.get(name, {}).get("status") == "ok" and name not in self.failed_elsewhere
+
+    def choose(self, key, plans, run, kind="", tolerance=0.0):
+        """The plan for `key` among `plans()` (v1 first), running `run(plan)` for each where `key`
+        is new; `kind` names the pass (and fusion) for the kernel names, `tolerance` the
+        agreement with v1 a plan must meet (TOLERANCE of the data type)."""
         plan = self.choices.get(key)
         if plan is not None:
             return plan
-        plans = plans()
-        cached = self._cached.get(key)
-        if cached is not None and any(p.label() == cached for p in plans):
-            plan = Plan.parse(cached)
-        elif len(plans) == 1 or self.capturing():
-            plan = plans[0]
-        else:
-            start = time.perf_counter()
-            seconds = {p.label(): self.timer(lambda p=p: run(p)) for p in plans}
-            plan = min(plans, key=lambda p: seconds[p.label()])
-            self.timings[key] = seconds
-            self.tuned += 1
-            self.seconds += time.perf_counter() - start
-            self._cached[key] = plan.label()
-            self._write_cache()
+        self.validated()
+        offered = plans()
+        label = self.agreement.decide(lambda: self._decide(key, offered, run, kind, tolerance).label())
+        plan = next((p for p in offered if p.label() == label), offered[0])
         self.choices[key] = plan
         return plan
+
+    def _decide(self, key, plans, run, kind, tolerance):
+        cached = self._cache["choices"].get(key)
+        usable = [p for p in plans if self.usable(p, kind)]
+        if cached is not None and any(p.label() == cached for p in usable):
+            return Plan.parse(cached)
+        if self.capturing():
+            return plans[0]
+        refused = {p: {"plan": p.label(), "seconds": None, **self._why_not(p.kernel_name(kind))}
+                   for p in plans if p not in usable}
+        if len(usable) == 1:  # v1 alone: nothing to compare or time
+            self.candidates[key] = [{"plan": plans[0].label(), "status": "ok", "seconds": None, "max_error": None,
+                                     "error": None}, *refused.values()]
+            return plans[0]
+        start = time.perf_counter()
+        rows = [self._candidate(p, kind, None, run, tolerance) for p in plans[:1]]
+        reference = rows[0].pop("outputs")
+        rows += [refused[p] if p in refused else self._candidate(p, kind, reference, run, tolerance)
+                 for p in plans[1:]]
+        timed = [r for r in rows if r["status"] == "ok"]
+        chosen = Plan.parse(min(timed, key=lambda r: r["seconds"])["plan"])
+        self.candidates[key] = rows
+        self.tuned += 1
+        self.seconds += time.perf_counter() - start
+        self._cache["choices"][key] = chosen.label()
+        self._write_cache()
+        return chosen
+
+    def _why_not(self, name):
+        """{status, max_error, error} of a kernel that may not run."""
+        if name in self.failed_elsewhere:
+            return {"status": "failed", "max_error": None, "error": "failed in another process of this job"}
+        known = self.statuses.get(name) or {"status": "failed", "error": "not validated on this device"}
+        return {"status": known["status"], "max_error": known.get("max_error"), "error": known["error"]}
+
+    def _candidate(self, plan, kind, reference, run, tolerance):
+        """One candidate's row {plan, status, seconds, max_error (vs v1), error (why it failed)}:
+        checked against `reference` (None: this is the v1 plan, whose `outputs` the row carries),
+        then timed. An exception or a disagreement of a v2 plan is recorded, never raised."""
+        row = {"plan": plan.label(), "status": "ok", "seconds": None, "max_error": None, "error": None}
+        try:
+            if reference is None:
+                row.update(outputs=[comparable(a) for a in run(plan)], max_error=0.0)
+            else:
+                row["max_error"] = relative_error(run(plan), reference)
+                if not row["max_error"] <= tolerance:
+                    return self._fail(plan, kind, row, "mismatch", disagreement(row["max_error"], tolerance))
+            row["seconds"] = self.timer(lambda: run(plan))
+        except Exception as error:  # a compile or launch error of a v2 plan: record it, go on
+            if reference is None:
+                raise  # the v1 kernels have nothing to fall back to
+            return self._fail(plan, kind, row, "failed", f"{type(error).__name__}: {error}".splitlines()[0])
+        return row
+
+    def _fail(self, plan, kind, row, status, error):
+        name = plan.kernel_name(kind)
+        self.statuses[name] = {"status": status, "error": error, "max_error": row["max_error"], "seconds": None}
+        self._write_cache()
+        print(f"minidl: kernel plan {name} {status} ({error}); not used again on this device, going on with "
+              "the others", file=sys.stderr, flush=True)
+        return {**row, "status": status, "error": error}
 
     def _write_cache(self):
         if self.cache_path is None:
             return
         try:
             self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.cache_path, self._cached)
-        except OSError:  # a read-only cache directory: the choices stay in memory
+            write_json_atomic(self.cache_path, self._cache)
+        except OSError:  # a read-only cache directory: the results stay in memory
             self.cache_path = None
 
     def report(self):
-        """{tuned, seconds, cache, choices: {key: label}, timings: {key: {label: seconds}}}."""
+        """{tuned, seconds, cache, device, source_hash, validation, plans: {kernel name: status
+        record}, choices: {key: label}, candidates: {key: [candidate rows]}}."""
         return {"tuned": self.tuned, "seconds": self.seconds, "cache": str(self.cache_path or ""),
-                "choices": {key: plan.label() for key, plan in self.choices.items()}, "timings": self.timings}
+                "device": self.device, "source_hash": self.source_hash, "validation": self.validation,
+                "plans": dict(self.statuses), "choices": {key: plan.label() for key, plan in self.choices.items()},
+                "candidates": self.candidates}
 
 
 def cache_path(cache_dir, device_name, cuda_version):
-    """<cache_dir>/autotune/<device>-cuda<version>.json: choices hold for one device and toolkit."""
+    """<cache_dir>/autotune/<device>-cuda<version>.json: results hold for one device and toolkit
+    (and, inside the file, one source hash)."""
     safe = "".join(ch if ch.isalnum() else "-" for ch in device_name).strip("-")
     return Path(cache_dir) / "autotune" / f"{safe}-cuda{cuda_version}.json"

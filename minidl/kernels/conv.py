@@ -17,7 +17,7 @@ from minidl.backend import BF16, get_array_module
 from minidl.intmath import ceil_div
 from minidl.kernels import conv_v2
 from minidl.kernels.conv_v2 import PASSES
-from minidl.kernels.autotune import Plan
+from minidl.kernels.autotune import TOLERANCE, Plan
 from minidl.kernels.launch import Launcher, cxx_type, data_address, i32
 
 FAMILY = "conv"
@@ -76,19 +76,23 @@ class ConvKernels(Launcher):
     allow_tf32 = True
     tuner = None  # a minidl.kernels.autotune.Autotuner, or None
 
-    def conv_tile(self, dtype, in_channels, out_channels, arrays=()):
-        """The conv.cu tile for this data type and these channel counts; the tensor-core tiles
-        copy 16 bytes at a time, so they also need the `arrays` 16-byte aligned (fresh arrays are)."""
-        aligned = all(data_address(a) % 16 == 0 for a in arrays)
+    def conv_tile(self, dtype, in_channels, out_channels):
+        """The conv.cu tile for this data type and these channel counts (the operands are 16-byte
+        aligned: `aligned`)."""
         if dtype == BF16:
-            if in_channels % 8 or out_channels % 8 or not aligned:
-                raise ValueError("bf16 convolution needs channel counts that are multiples of 8 "
-                                 "and 16-byte aligned arrays")
+            if in_channels % 8 or out_channels % 8:
+                raise ValueError("bf16 convolution needs channel counts that are multiples of 8")
             return TILES["Bf16Tile"]
         if dtype != numpy.float32:
             raise TypeError(f"the convolution kernels take float32 or bf16 (uint16) data, not {dtype}")
-        fits = in_channels % 4 == 0 and out_channels % 4 == 0 and aligned
+        fits = in_channels % 4 == 0 and out_channels % 4 == 0
         return TILES["Tf32Tile" if self.allow_tf32 and fits else "SimtTile"]
+
+    @staticmethod
+    def aligned(*arrays):
+        """The operands 16-byte aligned, as the tensor-core tiles' 16-byte copies need: a view
+        with a storage offset off that alignment is copied to a fresh array (fresh ones are)."""
+        return tuple(a if a is None or data_address(a) % 16 == 0 else a.copy() for a in arrays)
 
     def conv_forward(self, x, w, stride, padding, plan=None):
         """y[n,p,q,k] = Σ_{r,s,c} x_pad[n, p·stride + r, q·stride + s, c] · w[k, r, s, c]."""
@@ -96,46 +100,51 @@ class ConvKernels(Launcher):
         geometry = conv_geometry(x.shape, w.shape, stride, padding)
         n, _, _, _, k, _, _, p, q = geometry[:9]
         y = get_array_module(x).empty((n, p, q, k), dtype=x.dtype)
-        return self._run("conv_fwd", geometry, (x, w), y, plan)
+        return self._run("conv_fwd", geometry, self.aligned(x, w), y, plan)
 
     def conv_grad_input(self, gy, w, x_shape, stride, padding, plan=None):
         """dL/dx, one launch over stride² phases of the input pixels."""
         _same_dtype(gy, w)
         geometry = conv_geometry(x_shape, w.shape, stride, padding)
-        return self._run("conv_dgrad", geometry, (gy, w), get_array_module(gy).empty(x_shape, dtype=gy.dtype), plan)
+        dx = get_array_module(gy).empty(x_shape, dtype=gy.dtype)
+        return self._run("conv_dgrad", geometry, self.aligned(gy, w), dx, plan)
 
     def conv_grad_weight(self, x, gy, w_shape, stride, padding, plan=None):
         """dL/dw in float32 (also for bf16 data), the pixel reduction split across blocks."""
         geometry = conv_geometry(x.shape, w_shape, stride, padding)
-        return self._run("conv_wgrad", geometry, (x, gy), get_array_module(x).empty(w_shape, dtype=numpy.float32),
-                         plan)
+        return self._run("conv_wgrad", geometry, self.aligned(x, gy),
+                         get_array_module(x).empty(w_shape, dtype=numpy.float32), plan)
 
     def _run(self, conv_pass, geometry, operands, out, plan):
         if plan is None:
             plan = self.tuned_plan(conv_pass, operands, geometry, lambda: self.plans(conv_pass, operands, geometry),
-                                   lambda candidate: self._run(conv_pass, geometry, operands, out, candidate))
+                                   lambda candidate: (self._run(conv_pass, geometry, operands, out, candidate),))
         if plan.version == "v2":
             conv_v2.launch(self, conv_pass, conv_v2.TILES[plan.tile], plan.splits, geometry, *operands, out)
             return out
         return self._run_v1(conv_pass, TILES[plan.tile], plan.splits, geometry, operands, out)
 
-    def tuned_plan(self, conv_pass, operands, geometry, candidates, run, fusion_text=""):
+    def tuned_plan(self, conv_pass, operands, geometry, candidates, run, fusion=None):
         """The plan of a pass: the v1 kernel's without a tuner, else the tuner's choice among
-        `candidates()`, remembered under a key of everything they depend on: the pass (and its
-        fusion), the shape, and the v1 tile, which stands for the data type, TF32 and alignment."""
+        `candidates()` (`run(plan)` -> the outputs to compare with v1's), remembered under a key
+        of everything they depend on: the pass (and its `fusion`), the shape, and the v1 tile,
+        which stands for the data type and TF32."""
         first = self.v1_plan(conv_pass, operands, geometry)
         if self.tuner is None:
             return first
-        key = f"{conv_pass}{fusion_text} {first.tile} {'x'.join(map(str, geometry))}"
-        return self.tuner.choose(key, candidates, run)
+        kind = conv_pass + (f"+{fusion.label()}" if fusion is not None and fusion.bits else "")
+        groups = f" in groups of {fusion.group_images}" if fusion is not None else ""
+        key = f"{kind}{groups} {first.tile} {'x'.join(map(str, geometry))}"
+        tolerance = TOLERANCE["bf16" if operands[0].dtype == BF16 else "tf32"]
+        return self.tuner.choose(key, candidates, run, kind, tolerance)
 
     def v1_plan(self, conv_pass, operands, geometry):
-        tile = self.conv_tile(operands[0].dtype, geometry[3], geometry[4], operands)
+        tile = self.conv_tile(operands[0].dtype, geometry[3], geometry[4])
         return Plan("v1", tile.name, self._v1_splits(conv_pass, tile, geometry))
 
     def plans(self, conv_pass, operands, geometry):
         """Every plan that computes this pass here, the v1 kernel's first: v2 tiles need the v1
-        tile's tensor cores (16-byte aligned operands, TF32 allowed for float32); each may split
+        tile's tensor cores (TF32 allowed for float32, channel counts that fit); each may split
         its reduction where the grid alone would leave multiprocessors idle (grad-weight: around
         the v1 split)."""
         first = self.v1_plan(conv_pass, operands, geometry)

@@ -8,16 +8,30 @@ way `source_path(family)` is kernels/<family>.cu.
 Every constant that both a launcher and its kernel need (threads per block, tile sizes) is
 written once, in the launcher module, and reaches the compiler as a -D define or a template
 argument: `compile_options(defines)` are the NVRTC options for one family. On a GPU
-`load_rawmodule` compiles a family once per process for the device's architecture (CuPy also
-caches the binary on disk); tests/kernels compiles the same sources with nvcc and g++ (the CPU
-emulator) from the same options.
+`load_rawmodule` compiles a family once per process for the device's architecture;
+tests/kernels compiles the same sources with nvcc and g++ (the CPU emulator) from the same
+options.
+
+The compiled kernels are kept by CuPy's disk cache, whose key is the .cu text, the options, the
+architecture and the NVRTC version, but not the headers the .cu includes: so the options carry
+`-DMINIDL_SOURCES_HASH=<sources_hash(family)>`, a hash of the .cu and every header it includes
+(quoted includes, recursively), and an edit of ptx.cuh alone compiles anew. CuPy 14.2 is
+required (pyproject's cuda extras): before it a RawModule with name expressions never found its
+cubin in that cache, and each process compiled again. This rather than a cubin cache of our own:
+it adds no loading path that has never run on a GPU, only an option NVRTC ignores.
+
+CuPy appends -ftz=true to every option list (after ours: NVRTC honours the last), so fp32
+arithmetic flushes subnormal inputs and results to zero on the GPU; the CPU emulator does the same.
 """
 import functools
+import hashlib
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 CHECKOUT_SOURCES = Path(__file__).resolve().parents[2] / "kernels"
+QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 def source_dir():
@@ -59,16 +73,54 @@ def cuda_include_dir():
     return None
 
 
+def included_sources(path):
+    """`path` and every file it includes with quotes, recursively, each once, in the order first
+    included: found next to the including file, else in source_dir() (the -I of compile_options)."""
+    found, pending = [], [Path(path).resolve()]
+    while pending:
+        source = pending.pop(0)
+        if source in found:
+            continue
+        found.append(source)
+        for name in QUOTED_INCLUDE.findall(source.read_text()):
+            beside = source.parent / name
+            included = beside if beside.is_file() else source_dir() / name
+            if included.is_file():
+                pending.append(included.resolve())
+    return found
+
+
+def _digest(paths):
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def sources_hash(family):
+    """A hash of kernels/<family>.cu and every header it includes: what its compiled kernels depend on."""
+    return _digest(included_sources(source_path(family)))
+
+
+def all_sources_hash():
+    """A hash of every kernels/*.cu and *.cuh: changes with any kernel source."""
+    folder = source_dir()
+    return _digest(sorted([*folder.glob("*.cu"), *folder.glob("*.cuh")]))
+
+
 def define_options(defines):
     """-DNAME=VALUE for each of a family's constants, in a fixed order."""
     return tuple(f"-D{name}={value}" for name, value in sorted(defines.items()))
 
 
-def compile_options(defines):
+def compile_options(defines, family=None):
     """NVRTC options for a family with these constants (CuPy adds -arch from the device); the
-    sources' folder is on the include path for the headers they share."""
+    sources' folder is on the include path for the headers they share. With `family`, the hash of
+    its sources too (-DMINIDL_SOURCES_HASH, for CuPy's cache key: see above)."""
     include = cuda_include_dir()
-    return ("--std=c++17", f"-I{source_dir()}", *((f"-I{include}",) if include else ()), *define_options(defines))
+    sources = (f"-DMINIDL_SOURCES_HASH={sources_hash(family)}",) if family else ()
+    return ("--std=c++17", f"-I{source_dir()}", *((f"-I{include}",) if include else ()), *define_options(defines),
+            *sources)
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,5 +128,5 @@ def load_rawmodule(family, names, defines):
     """kernels/<family>.cu as a cupy.RawModule exporting `names` (CuPy name expressions), compiled
     once per process for this GPU. `defines` is a tuple of (name, value) pairs."""
     import cupy
-    return cupy.RawModule(code=source_path(family).read_text(), options=compile_options(dict(defines)),
+    return cupy.RawModule(code=source_path(family).read_text(), options=compile_options(dict(defines), family),
                           name_expressions=names)

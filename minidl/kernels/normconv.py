@@ -24,6 +24,7 @@ import numpy
 
 from minidl.backend import get_array_module
 from minidl.kernels import conv_v2
+from minidl.kernels.autotune import comparable
 from minidl.kernels.batchnorm import NORM
 from minidl.kernels.conv import conv_geometry
 from minidl.kernels.conv_v2 import DRELU, NORMALIZE, STATS, Fusion
@@ -56,7 +57,7 @@ class NormConvKernels(Launcher):
         images = images or n
         y = get_array_module(x).empty((n, p, q, k), dtype=x.dtype)
         fusion = Fusion((NORMALIZE if norm is not None else 0) | (STATS if stats else 0), norm, None, images)
-        sums, _ = self._fused("conv_fwd", geometry, (x, w), y, fusion, plan)
+        sums, _ = self._fused("conv_fwd", geometry, self.aligned(x, w), y, fusion, plan)
         return y, (self.batch_norm_moments(sums, images * p * q) if stats else None)
 
     def conv_grad_input_fused(self, gy, w, y, norm, images, stride, padding, plan=None):
@@ -65,6 +66,7 @@ class NormConvKernels(Launcher):
         `sums` each group's slabs of Σg, Σg·(y − mean): what norm_backward takes."""
         geometry = conv_geometry(y.shape, w.shape, stride, padding)
         g = get_array_module(gy).empty(y.shape, dtype=gy.dtype)
+        gy, w, y = self.aligned(gy, w, y)
         sums, relu_output = self._fused("conv_dgrad", geometry, (gy, w), g, Fusion(DRELU, norm, y, images), plan)
         return g, sums, relu_output
 
@@ -73,7 +75,8 @@ class NormConvKernels(Launcher):
         it is already written (grad-input's v1 plan gives it), which a v1 plan then reads."""
         geometry = conv_geometry(x.shape, w_shape, stride, padding)
         gw = get_array_module(x).empty(w_shape, dtype=numpy.float32)
-        self._fused("conv_wgrad", geometry, (x, gy), gw, Fusion(NORMALIZE, norm, None, images), plan, normalized)
+        self._fused("conv_wgrad", geometry, self.aligned(x, gy), gw, Fusion(NORMALIZE, norm, None, images), plan,
+                    normalized)
         return gw
 
     def norm_backward(self, g, y, norm, sums, relu_output, images, training, residual_out=None):
@@ -119,13 +122,29 @@ class NormConvKernels(Launcher):
         if plan is None:
             plan = self.tuned_plan(conv_pass, fusion_inputs(operands, fusion), geometry,
                                    lambda: self.fused_plans(conv_pass, fusion, operands, geometry),
-                                   lambda candidate: self._fused(conv_pass, geometry, operands, out, fusion, candidate,
-                                                                 normalized),
-                                   f"+{fusion.label()} in groups of {fusion.group_images}")
+                                   lambda candidate: self._outputs(conv_pass, geometry, out, fusion, self._fused(
+                                       conv_pass, geometry, operands, out, fusion, candidate, normalized)),
+                                   fusion)
         if plan.version == "v2":
             tile = conv_v2.TILES[plan.tile]
             return conv_v2.launch(self, conv_pass, tile, plan.splits, geometry, *operands, out, fusion), None
         return self._composed(conv_pass, geometry, operands, out, fusion, plan, normalized)
+
+    def _outputs(self, conv_pass, geometry, out, fusion, result):
+        """What two plans of a fused pass must agree on: the output (grad-input's masked as the v2
+        kernels mask it), and the statistics or the batch norm's dγ, dβ finalized from the sums
+        (the plans' slabs differ in number)."""
+        sums, relu_output = result
+        images = fusion.group_images
+        if conv_pass == "conv_fwd":
+            p, q = geometry[7:9]
+            return (out,) + ((self.batch_norm_moments(sums, images * p * q),) if fusion.bits & STATS else ())
+        if conv_pass == "conv_wgrad":
+            return (out,)
+        g = comparable(out) if relu_output is None else comparable(out) * (comparable(relu_output) > 0)
+        ggamma, gbeta, _, _ = self.batch_norm_backward_coefficients(sums, images * rows_per_image(out), fusion.norm,
+                                                                    True)
+        return g, ggamma, gbeta
 
     def fused_plans(self, conv_pass, fusion, operands, geometry):
         """The plain pass's plans (v1 first), with y among the operands that v2 needs aligned; an

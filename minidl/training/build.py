@@ -1,5 +1,6 @@
-"""The objects a run is made of, built from its configuration: schedule, model, optimizer."""
-from minidl import nn
+"""The objects a run is made of, built from its configuration: schedule, model, optimizer, and
+the kernel tuner's agreement over the ranks."""
+from minidl import kernels, nn
 from minidl.data import open_dataset
 from minidl.data.embedded import EMBEDDED_CLASSES, TRAIN_PER_CLASS
 from minidl.models import MODELS
@@ -43,3 +44,27 @@ def build_optimizer(config, model, align):
     if config.opt == "lars":
         return LARS(model.parameters(), eta=config.lars_eta, **common)
     return SGD(model.parameters(), nesterov=config.nesterov, form=config.sgd_form, **common)
+
+
+class RankAgreement:
+    """The autotuner's agreement over the ranks of a job (minidl.kernels.autotune): local rank 0
+    validates for its node, the failed plans are combined over every rank, rank 0 decides each
+    key for all. On a duplicate of the world communicator, over MPI (Python objects), so these
+    collectives never match the gradient reducer's, which it starts on the main thread during
+    backward, where tuned convolutions run too (a duplicate shares NCCL, objects never use it)."""
+
+    def __init__(self, comm):
+        self.comm, self.leads_node = comm.dup(), comm.local_rank == 0
+
+    def union(self, names):
+        return set().union(*self.comm.allgather_object(sorted(names)))
+
+    def decide(self, function):
+        return self.comm.allgather_object(function() if self.comm.rank == 0 else None)[0]
+
+
+def agree_on_kernel_plans(comm):
+    """With several ranks, the kernels' tuner validates once per node and decides once for all."""
+    tuner = getattr(kernels.active(), "tuner", None)
+    if tuner is not None and comm.size > 1:
+        tuner.agreement = RankAgreement(comm)

@@ -6,7 +6,8 @@ every method does nothing (the progress bar is disabled).
     metrics.jsonl   one object per epoch
     steps.jsonl     every --print-freq steps: loss, rate, img/s, the step's time split and, with
                     several ranks, its communication
-    autotune.json   on a GPU: the convolution kernel plans the autotuner chose (minidl.kernels)
+    autotune.json   on a GPU: the kernel validation, the convolution plans the autotuner chose and
+                    every candidate's status, time and error vs v1 (minidl.kernels.autotune)
     summary.json    the final epoch, model, epochs, world size, global batch, wall time
 
 A resumed run keeps the log lines up to its resume point and rewrites what came after.
@@ -94,15 +95,18 @@ class RunOutputs:
             print(summary_line(metrics, epochs), flush=True)
 
     def tuning(self, report):
-        """autotune.json (the convolution plans chosen so far, and the timings behind new ones), and
-        once, the first time shapes were tuned, a line saying how many and how long it took."""
+        """autotune.json (the validation, the convolution plans chosen so far, and the candidates
+        behind new ones), and once, the first time shapes were tuned, a line saying how many, how
+        long it took and how many kernel plans are not used."""
         if not self.is_root or report is None:
             return
         write_json_atomic(self.dir / "autotune.json", report)
         if report["tuned"] and not self._tuning_told:
             self._tuning_told = True
+            failed = sum(record["status"] != "ok" for record in report["plans"].values())
             print(f"minidl: autotuned {report['tuned']} convolution shapes in {report['seconds']:.1f} s "
-                  f"(cache {report['cache'] or 'none'}); the choices are in {self.dir / 'autotune.json'}", flush=True)
+                  f"({failed} kernel plans failed or disagreed with v1, not used; cache {report['cache'] or 'none'}); "
+                  f"the choices are in {self.dir / 'autotune.json'}", flush=True)
 
     def summary(self, summary):
         if self.is_root:

@@ -6,21 +6,8 @@ import numpy
 import pytest
 
 import emulator
+from emulated_device import EMULATED_MULTIPROCESSORS, build, emulated_module
 from minidl import kernels
-from minidl.kernels import loader
-
-EMULATED_MULTIPROCESSORS = 2  # small: grids and split-K take their multi-block paths on small shapes
-FAMILIES = ("conv_v2", "conv", "batchnorm", "pool", "softmax_xent", "sgd", "amp")  # the slowest to compile first
-
-
-def emulation_job(family):
-    """(source path, kernel names, defines) of a family, as the emulator compiles it."""
-    module = kernels.FAMILIES[family]
-    return str(loader.source_path(family)), module.NAMES, tuple(sorted(module.DEFINES.items()))
-
-
-def emulated_module(family):
-    return emulator.load(*emulation_job(family))
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +15,7 @@ def emulated():
     """minidl.kernels.Kernels over the emulator: NumPy arrays in, the .cu sources run on threads."""
     if shutil.which(emulator.CXX) is None:
         pytest.skip(f"{emulator.CXX} not found: the CPU emulation of the kernels needs a C++20 compiler")
-    emulator.build([emulation_job(f) for f in FAMILIES])
+    build()
     return kernels.Kernels(emulated_module, EMULATED_MULTIPROCESSORS)
 
 

@@ -13,9 +13,10 @@ What a launch checks, beyond what the header checks inside the kernel:
   pointers only as `numpy.uint64(0)` (CuPy turns None into a bad pointer);
 - out-of-bounds accesses: each array is staged between guard bytes filled with 0xFF (a NaN for
   floats, so an out-of-bounds read poisons the result) and a changed guard is a failed launch.
+(Shared-memory bounds and the GPU's flush-to-zero are the header's: emu/cuda_emu.h.)
 
-Libraries are cached by a hash of the source and its quoted includes, the headers and the
-compiler flags, in $MINIDL_EMU_CACHE or ~/.cache/minidl/cuda-emu, so repeated test runs do not
+Libraries are cached by a hash of the source and its quoted includes (recursively), the headers
+and the compiler flags, in $MINIDL_EMU_CACHE or ~/.cache/minidl/cuda-emu, so repeated test runs do not
 recompile.
 """
 import ctypes
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy
 
-from minidl.kernels.loader import define_options
+from minidl.kernels.loader import define_options, included_sources
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 CXX = os.environ.get("CXX", "g++")
@@ -77,21 +78,14 @@ def flags(defines):
     return [*FLAGS, *define_options(dict(defines))]
 
 
-def quoted_includes(path):
-    """The files the source at `path` includes with quotes (kernels/ptx.cuh, say), found next to it."""
-    source = Path(path)
-    names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', source.read_text(), re.MULTILINE)
-    return [source.parent / name for name in names if (source.parent / name).is_file()]
-
-
 def library_path(path, names, defines=()):
     """Where the library for this source (and what it includes with quotes), header and flag set
     lives (its name is their hash)."""
     digest = hashlib.sha256()
-    for part in [Path(path).read_bytes(), translation_unit(path, names).encode(), " ".join([CXX] + flags(defines)).encode()]:
+    for part in [translation_unit(path, names).encode(), " ".join([CXX] + flags(defines)).encode()]:
         digest.update(part)
-    for included in quoted_includes(path):
-        digest.update(included.read_bytes())
+    for source in included_sources(path):  # the source and what it includes
+        digest.update(source.read_bytes())
     for header in sorted(EMU_DIR.iterdir()):
         digest.update(header.read_bytes())
     return cache_dir() / f"{Path(path).stem}-{digest.hexdigest()[:20]}.so"

@@ -1,23 +1,34 @@
 """The GPU checks of the kernels, as plain cases: test_gpu.py runs them under pytest (marker
 `gpu`), and tests/gpu_check.sh runs them with this module's runner, which needs no pytest
-(the GPU machine may not have it), keeps going after a failure and stops at a deadline:
+(the GPU machine may not have it), keeps going after a failure, stops at a deadline and
+rewrites its JSON after every case (a run cut short keeps what it checked):
 
-    python tests/kernels/gpu_cases.py --json FILE [--seconds S]
+    python tests/kernels/gpu_cases.py --json FILE [--group v2|rest|all] [--shapes resnet50|small]
+                                      [--v1-only] [--seconds S] [--skip-passed EARLIER_JSON]
 
-First the bf16 and CUDA-graph path (issue 8; step_checks.py and oracle.py): the casts and the
-bf16 gradient sum, the SGD update through device scalars, the fused ops and fused ResNet-50
-blocks, a ResNet-50 step under --amp against the float32 step (its errors go into the report),
-steps replayed from a CUDA graph against eager ones, and train.py's loop with --cuda-graph.
-Then every kernel against the reference ops (oracle.py; float64 references computed by the
-same ops on the GPU) on every distinct ResNet-50 layer shape at batch 32, in fp32 (the exact
-path), TF32 and bf16, with oracle.TOLERANCE per mode, and every plan of the convolutions fused
-with batch norm on the bottleneck's shapes (normconv_checks.py); last one whole ResNet-50 training step on
-the GPU against the same step on the CPU, where the error grows through 53 layers:
-STEP_TOLERANCE. That step's model has the residual branches' last γ scaled down
-(step_checks.LAST_GAMMA_SCALE): at plain initialization ResNet-50 with batch norm is chaotic,
-and the two devices' float32 rounding alone gave gradients 2.8% apart (TF32: 59%).
+Two groups, in this order. `v2`: the kernels that never ran on a GPU before, checked before
+anything times them — every plan (v1, each v2 tile and split) of every convolution in TF32 and
+bf16 against the reference ops, and every plan of the convolutions fused with batch norm
+(normconv_checks.py). `rest`: the bf16 and CUDA-graph path (step_checks.py and oracle.py: the
+casts and the bf16 gradient sum, the SGD update through device scalars, the fused ops and fused
+blocks, a training step under --amp against the float32 step, steps replayed from a CUDA graph
+against eager ones, train.py's loop with --cuda-graph); every convolution in fp32 (the exact
+path), batch norm, pooling, the loss and SGD against the reference ops (oracle.py; float64
+references computed by the same ops on the device) with oracle.TOLERANCE per mode; last one
+whole training step on the device against the same step on the reference ops, where the error
+grows through the layers: STEP_TOLERANCE. That step's model has the residual branches' last γ
+scaled down (step_checks.LAST_GAMMA_SCALE): at plain initialization ResNet-50 with batch norm is
+chaotic, and the two devices' float32 rounding alone gave gradients 2.8% apart (TF32: 59%).
+
+`--shapes resnet50` (the default): every distinct ResNet-50 layer shape at batch 32. `small`:
+tiny shapes of the same kinds, for the emulated device (tests/gpu_check.sh --dry-run), where
+the CUDA-graph cases are skipped (no graphs without CUDA). `--v1-only` (the GPU check after a
+failed smoke test): the TF32 and bf16 convolutions run the v1 kernels only and the fused plans'
+cases are skipped, so no v2 kernel is launched.
 """
 import argparse
+import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -38,25 +49,80 @@ import oracle  # noqa: E402
 import step_checks  # noqa: E402
 from step_checks import seeded  # noqa: E402
 from minidl import Tensor, backend, kernels, models, nn, ops  # noqa: E402
-from minidl.bench.kernels import PARAMETERS_RESNET50, resnet50_batch_norms, resnet50_convs  # noqa: E402
-from minidl.models.resnet import Bottleneck  # noqa: E402
+from minidl.bench.kernels import (PARAMETERS_RESNET50, device_kernels, resnet50_batch_norms,  # noqa: E402
+                                  resnet50_convs)
+from minidl.errors import UserError  # noqa: E402
+from minidl.fileio import write_json_atomic  # noqa: E402
 from minidl.intmath import round_up  # noqa: E402
+from minidl.models.resnet import Bottleneck  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 
-BATCH = 32
-STEP_BATCH = int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16"))  # the CPU side of the step takes the time
 # Measured on an H200 (max error of the largest gradient value): fp32 2.1e-3, TF32 3.5e-2 from
 # the CPU; the GPU's own fp32 step moves by 1.5e-3 under 2^-22 relative noise on the weights (a
 # few ulps) and by 6.4e-2 under 2^-11 (TF32's rounding): the model's conditioning, not the
 # kernels, sets these errors. A wrong kernel gives errors of order 1.
 STEP_TOLERANCE = {"fp32": 5e-3, "tf32": 1e-1}
-FLAT_SIZE = round_up(PARAMETERS_RESNET50, 1024)  # the padded flat buffer
-AMP_BATCH = 16  # the bf16 and graph steps: both sides run on the GPU
+PASSING = ("passed", "passed earlier", "skipped")  # statuses that leave a run passed
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: reference_step's cache key
+class Shapes:
+    """The sizes the cases run at."""
+    batch: int
+    convs: dict          # name: (N, H, W, C, K, R, stride, padding)
+    batch_norms: dict    # name: NHWC; the first also stands for the stem's (eval, large mean)
+    normconv: dict       # a bottleneck's convolutions with their batch norms: name: (conv shape, images per group)
+    block_end: tuple     # (N, H, W, C) of relu(bn(y) + r)
+    fused_ops: tuple     # (mode, NHWC, residual, images per group or None)
+    bottlenecks: dict    # name: (in channels, planes, stride, size)
+    pool: tuple          # the max pool's input, NHWC
+    head: tuple          # the global average pool's input, NHWC
+    classes: int
+    elementwise: int     # values of the casts and the bf16 sum
+    flat_size: int       # the SGD buffer, padded as FlatParameters pads it
+    model: str           # the whole-step cases' model (minidl.models.MODELS)
+    image: int
+    step_batch: int      # the step against the reference ops (the reference side takes the time)
+    amp_batch: int       # the bf16 and graph steps: both sides on the device
+    amp_tolerance: str   # the step_checks.AMP_TOLERANCE entry of the bf16 step
+
+
+RESNET50 = Shapes(
+    batch=32, convs=resnet50_convs(32), batch_norms=resnet50_batch_norms(32),
+    normconv={"layer1.0 conv2": ((32, 56, 56, 64, 64, 3, 1, 1), 32),
+              "layer1.0 conv3": ((32, 56, 56, 64, 256, 1, 1, 0), 32),
+              "layer2.0 conv2": ((32, 56, 56, 128, 128, 3, 2, 1), 8),
+              "layer3.1 conv2": ((32, 14, 14, 256, 256, 3, 1, 1), 32)},
+    block_end=(32, 56, 56, 256),
+    fused_ops=(("fp32", (32, 112, 112, 64), False, None), ("bf16", (32, 56, 56, 256), True, None),
+               ("bf16", (32, 28, 28, 512), True, 8)),
+    bottlenecks={"layer1.0": (64, 64, 1, 56), "layer2.0": (256, 128, 2, 56), "layer3.1": (1024, 256, 1, 14)},
+    pool=(32, 112, 112, 64), head=(32, 7, 7, 2048), classes=1000, elementwise=1 << 20,
+    flat_size=round_up(PARAMETERS_RESNET50, 1024), model="resnet50", image=224,
+    step_batch=int(os.environ.get("MINIDL_GPU_STEP_BATCH", "16")), amp_batch=16, amp_tolerance="resnet50")
+
+# The same kinds of case at sizes the emulator runs in seconds: channel counts that take the v2
+# tiles (multiples of 64), the 3-channel stem on v1, a stride-2 3×3, ghost groups of one image.
+SMALL = Shapes(
+    batch=2, convs={"stem 7x7/2": (2, 8, 8, 3, 16, 7, 2, 3), "1x1": (2, 4, 4, 64, 64, 1, 1, 0),
+                    "3x3/2": (2, 6, 6, 32, 32, 3, 2, 1)},
+    batch_norms={"bn 4x4x64": (2, 4, 4, 64)},
+    normconv={"1x1": ((2, 4, 4, 64, 64, 1, 1, 0), 1)}, block_end=(2, 4, 4, 64),
+    fused_ops=(("fp32", (2, 4, 4, 16), False, None), ("bf16", (2, 4, 4, 16), True, 1)),
+    bottlenecks={"projection": (16, 8, 2, 6)}, pool=(2, 8, 8, 16), head=(2, 2, 2, 64), classes=10,
+    elementwise=4096, flat_size=4096, model="resnet8_w8", image=8, step_batch=2,
+    amp_batch=4, amp_tolerance="tiny")  # at batch 2 bf16 rounding alone moves the gradient by 8% (measured, v1)
+
+SHAPES = {"resnet50": RESNET50, "small": SMALL}
+
+
+class Skipped(Exception):
+    """A case that cannot run here (reported as skipped, with the reason)."""
 
 
 def device():
-    import cupy
-    return kernels.device(), cupy
+    """(Kernels, array module) of the device: CuPy's GPU, or the emulated one (NumPy)."""
+    return device_kernels()
 
 
 def conv_tile(mode, channels):
@@ -67,55 +133,52 @@ def on_cupy(check):
     """A step_checks check, called with the array module only, as a case check."""
     def case(gpu, cupy, *args, **kwargs):
         return check(cupy, *args, **kwargs)
+    case.kernels_in_charge = True  # see run_case
     signature = inspect.signature(check)
     gpu = inspect.Parameter("gpu", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     case.__signature__ = signature.replace(parameters=[gpu, *signature.parameters.values()])
     return case
 
 
-def resnet50():
-    return models.resnet50(num_classes=1000)
+def needs_cuda(check):
+    """The check where the device is CUDA; skipped on the emulated device."""
+    @functools.wraps(check)
+    def case(gpu, xp, *args, **kwargs):
+        if xp is numpy:
+            raise Skipped("CUDA graphs exist only on a GPU (the emulated device has none)")
+        return check(gpu, xp, *args, **kwargs)
+    return case
 
 
-def amp_cases():
-    """The bf16 and CUDA-graph path (issue 8), ResNet-50 shapes."""
-    found = [("bf16 casts 1M values", oracle.check_casts, (), {"n": 1 << 20}),
-             ("bf16 add 1M values", oracle.check_bf16_add, (), {"n": 1 << 20})]
-    for inside in (False, True):
-        found.append((f"sgd through device scalars {FLAT_SIZE} rate_inside={inside}", oracle.check_sgd_scalars,
-                      (FLAT_SIZE, inside), {}))
-    for mode, shape, residual, group_size in (("fp32", (BATCH, 112, 112, 64), False, None),
-                                              ("bf16", (BATCH, 56, 56, 256), True, None),
-                                              ("bf16", (BATCH, 28, 28, 512), True, 8)):
-        found.append((f"fused op {mode} {shape} residual={residual} groups={group_size}",
-                      on_cupy(step_checks.check_fused_op), (mode, shape, residual), {"group_size": group_size}))
-    for name, (in_channels, planes, stride, size) in {"layer1.0": (64, 64, 1, 56), "layer2.0": (256, 128, 2, 56),
-                                                      "layer3.1": (1024, 256, 1, 14)}.items():
-        build = functools.partial(Bottleneck, in_channels, planes, stride)
-        found.append((f"fused bottleneck {name} vs unfused", on_cupy(step_checks.check_fused_block),
-                      (seeded(build), (BATCH, size, size, in_channels), oracle.TOLERANCE["fp32"]), {}))
-    found.append((f"resnet50 amp step batch {AMP_BATCH} vs fp32", on_cupy(step_checks.check_amp_step),
-                  (seeded(resnet50), (AMP_BATCH, 224, 224, 3), 1000, step_checks.AMP_TOLERANCE["resnet50"]), {}))
-    for amp in (False, True):
-        found.append((f"resnet50 cuda graph replay vs eager batch {AMP_BATCH} amp={amp}",
-                      on_cupy(step_checks.check_graph_replay), (seeded(resnet50), (AMP_BATCH, 224, 224, 3), amp),
-                      {"steps": 5, "tolerance": 1e-5}))
-    found.append(("train.py loop --amp --cuda-graph vs --amp", check_training_with_graphs, (), {}))
-    return found
+def skipped(reason):
+    def case(*args, **kwargs):
+        raise Skipped(reason)
+    return case
 
 
-# A bottleneck's convolutions with the batch norms around them (normconv_checks.py): (n, h, w, c,
-# k, r, stride, padding) and images per statistics group (the whole batch, or ghost groups of 8)
-NORMCONV_SHAPES = {"layer1.0 conv2": ((BATCH, 56, 56, 64, 64, 3, 1, 1), BATCH),
-                   "layer1.0 conv3": ((BATCH, 56, 56, 64, 256, 1, 1, 0), BATCH),
-                   "layer2.0 conv2": ((BATCH, 56, 56, 128, 128, 3, 2, 1), 8),
-                   "layer3.1 conv2": ((BATCH, 14, 14, 256, 256, 3, 1, 1), BATCH)}
+def model_builder(shapes):
+    return lambda: models.MODELS[shapes.model](num_classes=shapes.classes)
 
 
-def normconv_cases():
-    """Every plan of the fused passes on ResNet-50's bottleneck shapes, and the block's end."""
+# ---- the v2 kernels: every plan, before anything times them --------------------------------------
+
+def v2_cases(shapes, v1_only=False):
+    """Every plan of each TF32 and bf16 convolution (the v1 plan only with `v1_only`), then every
+    plan of the fused passes on the bottleneck's shapes and the block's end."""
     found = []
-    for name, (shape, images) in NORMCONV_SHAPES.items():
+    suffix = " v1 only" if v1_only else ""
+    for name, shape in shapes.convs.items():
+        for mode in ("tf32", "bf16"):
+            if mode == "bf16" and shape[3] % 8:
+                continue  # the 3-channel stem has no bf16 tile: it stays fp32
+            found.append((f"conv {name} {mode}{suffix}", oracle.check_conv, (mode, *shape),
+                          {"tile": conv_tile(mode, shape[3]), "every_plan": not v1_only}))
+    return found + normconv_cases(shapes, v1_only)
+
+
+def normconv_cases(shapes, v1_only):
+    found = []
+    for name, (shape, images) in shapes.normconv.items():
         for mode in ("bf16", "tf32"):
             arguments = (mode, *shape, images)
             found += [(f"normconv forward {name} {mode} groups of {images}", normconv_checks.check_forward,
@@ -124,9 +187,41 @@ def normconv_cases():
                        arguments, {})]
         found.append((f"normconv grad-weight {name} bf16 groups of {images}", normconv_checks.check_grad_weight,
                       ("bf16", *shape, images), {}))
+    n, h, w, c = shapes.block_end
     for projection in (False, True):
-        found.append((f"normconv add relu 56x56x256 projection={projection}", normconv_checks.check_add_relu,
-                      ("bf16", BATCH, 56, 56, 256, BATCH, projection), {}))
+        found.append((f"normconv add relu {h}x{w}x{c} projection={projection}", normconv_checks.check_add_relu,
+                      ("bf16", n, h, w, c, n, projection), {}))
+    if v1_only:  # every fused check runs each v2 plan that fits
+        found = [(name, skipped("v1 only: the fused plans' checks launch the v2 kernels"), args, kwargs)
+                 for name, _, args, kwargs in found]
+    return found
+
+
+# ---- the rest ----------------------------------------------------------------------------------------
+
+def amp_cases(shapes):
+    """The bf16 and CUDA-graph path."""
+    images = (shapes.amp_batch, shapes.image, shapes.image, 3)
+    found = [(f"bf16 casts {shapes.elementwise} values", oracle.check_casts, (), {"n": shapes.elementwise}),
+             (f"bf16 add {shapes.elementwise} values", oracle.check_bf16_add, (), {"n": shapes.elementwise})]
+    for inside in (False, True):
+        found.append((f"sgd through device scalars {shapes.flat_size} rate_inside={inside}",
+                      oracle.check_sgd_scalars, (shapes.flat_size, inside), {}))
+    for mode, shape, residual, group_size in shapes.fused_ops:
+        found.append((f"fused op {mode} {shape} residual={residual} groups={group_size}",
+                      on_cupy(step_checks.check_fused_op), (mode, shape, residual), {"group_size": group_size}))
+    for name, (in_channels, planes, stride, size) in shapes.bottlenecks.items():
+        build = functools.partial(Bottleneck, in_channels, planes, stride)
+        found.append((f"fused bottleneck {name} vs unfused", on_cupy(step_checks.check_fused_block),
+                      (seeded(build), (shapes.batch, size, size, in_channels), oracle.TOLERANCE["fp32"]), {}))
+    found.append((f"{shapes.model} amp step batch {shapes.amp_batch} vs fp32", on_cupy(step_checks.check_amp_step),
+                  (seeded(model_builder(shapes)), images, shapes.classes,
+                   step_checks.AMP_TOLERANCE[shapes.amp_tolerance]), {}))
+    for amp in (False, True):
+        found.append((f"{shapes.model} cuda graph replay vs eager batch {shapes.amp_batch} amp={amp}",
+                      needs_cuda(on_cupy(step_checks.check_graph_replay)), (seeded(model_builder(shapes)), images, amp),
+                      {"steps": 5, "tolerance": 1e-5}))
+    found.append(("train.py loop --amp --cuda-graph vs --amp", needs_cuda(check_training_with_graphs), (), {}))
     return found
 
 
@@ -136,49 +231,54 @@ def check_training_with_graphs(gpu, cupy):
     return {"train_loss": [s["train_loss"] for s in summaries]}
 
 
-def cases():
-    """[(id, check, args, kwargs)] in the order the runner takes them: the bf16 and CUDA-graph
-    path first, the kernels on every shape next, the whole training step (its CPU side is the
-    longest case) last. A check is called as check(kernels, cupy, *args, **kwargs); what it
-    returns goes into the report."""
-    found = amp_cases()
-    for name, shape in resnet50_convs(BATCH).items():
-        for mode in ("fp32", "tf32", "bf16"):
-            if mode == "bf16" and shape[3] % 8:
-                continue  # the 3-channel stem has no bf16 tile: it stays fp32
-            found.append((f"conv {name} {mode}", oracle.check_conv, (mode, *shape),
-                          {"tile": conv_tile(mode, shape[3]), "every_plan": mode != "fp32"}))
-    found += normconv_cases()
-    for name, shape in resnet50_batch_norms(BATCH).items():
+def rest_cases(shapes):
+    """The bf16 and CUDA-graph path first, the fp32 convolutions and the other kernels next, the
+    whole training step (its reference side is the longest case) last."""
+    found = amp_cases(shapes)
+    for name, shape in shapes.convs.items():
+        found.append((f"conv {name} fp32", oracle.check_conv, ("fp32", *shape), {"tile": "SimtTile"}))
+    for name, shape in shapes.batch_norms.items():
         for mode in ("fp32", "bf16"):
             for fused in (None, "relu", "add_relu"):
                 found.append((f"batchnorm {name} {mode} {fused or 'plain'}", oracle.check_batch_norm, (mode, shape),
                               {"fused": fused}))
-    bn1, last = resnet50_batch_norms(BATCH)["bn1"], (BATCH, 7, 7, 2048)
-    found += [("batchnorm eval bn1 add_relu", oracle.check_batch_norm, ("fp32", bn1, False, "add_relu"), {}),
-              ("batchnorm eval layer4 add_relu", oracle.check_batch_norm, ("fp32", last, False, "add_relu"), {}),
-              ("batchnorm bn1 mean 1000 x std", oracle.check_batch_norm, ("fp32", bn1), {"offset": 1000.0})]
+    stem, head = next(iter(shapes.batch_norms.values())), shapes.head
+    found += [("batchnorm eval stem add_relu", oracle.check_batch_norm, ("fp32", stem, False, "add_relu"), {}),
+              ("batchnorm eval head add_relu", oracle.check_batch_norm, ("fp32", head, False, "add_relu"), {}),
+              ("batchnorm stem mean 1000 x std", oracle.check_batch_norm, ("fp32", stem), {"offset": 1000.0})]
     for levels in (None, 4):  # 4 levels: ties in most windows, as after a ReLU
-        found.append((f"max pool stem levels={levels}", oracle.check_max_pool, ((BATCH, 112, 112, 64), 3, 2, 1),
+        found.append((f"max pool stem levels={levels}", oracle.check_max_pool, (shapes.pool, 3, 2, 1),
                       {"levels": levels}))
-    found.append(("global avg pool 7x7x2048", oracle.check_global_avg_pool, (last,), {}))
+    found.append((f"global avg pool {'x'.join(map(str, head[1:]))}", oracle.check_global_avg_pool, (head,), {}))
     for smoothing in (0.0, 0.1):
-        found.append((f"softmax xent 32x1000 smoothing={smoothing}", oracle.check_softmax_xent,
-                      (BATCH, 1000, smoothing), {}))
+        found.append((f"softmax xent {shapes.batch}x{shapes.classes} smoothing={smoothing}", oracle.check_softmax_xent,
+                      (shapes.batch, shapes.classes, smoothing), {}))
     for nesterov, decay, offset, inside in ((False, True, 0, False), (True, False, 0, False), (True, True, 1, False),
                                             (False, True, 0, True)):
-        found.append((f"sgd {FLAT_SIZE} nesterov={nesterov} decay={decay} offset={offset} rate_inside={inside}",
-                      oracle.check_sgd, (FLAT_SIZE, nesterov, decay), {"steps": 2, "offset": offset,
-                                                                        "rate_inside": inside}))
+        found.append((f"sgd {shapes.flat_size} nesterov={nesterov} decay={decay} offset={offset} "
+                      f"rate_inside={inside}", oracle.check_sgd, (shapes.flat_size, nesterov, decay),
+                      {"steps": 2, "offset": offset, "rate_inside": inside}))
     for mode in ("fp32", "tf32"):
-        found.append((f"resnet50 training step batch {STEP_BATCH} {mode} vs cpu", check_resnet50_step, (mode,), {}))
+        found.append((f"{shapes.model} training step batch {shapes.step_batch} {mode} vs reference ops",
+                      check_model_step, (shapes, mode), {}))
     return found
 
 
-# ---- a whole training step ---------------------------------------------------------------------
+GROUPS = {"v2": lambda shapes, v1_only: v2_cases(shapes, v1_only),
+          "rest": lambda shapes, v1_only: rest_cases(shapes),
+          "all": lambda shapes, v1_only: v2_cases(shapes, v1_only) + rest_cases(shapes)}
+
+
+def cases(shapes=RESNET50, group="all", v1_only=False):
+    """[(id, check, args, kwargs)] in the order the runner takes them. A check is called as
+    check(kernels, array module, *args, **kwargs); what it returns goes into the report."""
+    return GROUPS[group](shapes, v1_only)
+
+
+# ---- a whole training step -----------------------------------------------------------------------
 
 def to_host(model):
-    """The model's parameters and buffers as NumPy arrays (the CPU reference path)."""
+    """The model's parameters and buffers as NumPy arrays (the reference path)."""
     for _, module in model.named_modules():
         for parameter in module._parameters.values():
             parameter.data = backend.to_numpy(parameter.data)
@@ -187,17 +287,18 @@ def to_host(model):
     return model
 
 
-def resnet50_step(on_gpu, seed=0):
-    """(loss, flat grad, flat params after the step, BN running stats) of one SGD step, as NumPy."""
+def model_step(shapes, on_device, xp, seed=0):
+    """(loss, flat grad, flat params after the step, BN running stats) of one SGD step, as NumPy:
+    on the device's kernels, or on the reference ops (the host's arrays, no kernels in charge)."""
     nn.manual_seed(seed)
-    model = step_checks.randomized(lambda: models.resnet50(num_classes=1000), step_checks.LAST_GAMMA_SCALE)()
-    if not on_gpu:
+    model = step_checks.randomized(model_builder(shapes), step_checks.LAST_GAMMA_SCALE)()
+    if not on_device:
         to_host(model)
+        xp = numpy
     optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, norm_weight_decay=0.0)
     rng = numpy.random.default_rng(seed)
-    images = rng.standard_normal((STEP_BATCH, 224, 224, 3)).astype(numpy.float32)
-    labels = rng.integers(0, 1000, STEP_BATCH)
-    xp = backend.xp if on_gpu else numpy
+    images = rng.standard_normal((shapes.step_batch, shapes.image, shapes.image, 3)).astype(numpy.float32)
+    labels = rng.integers(0, shapes.classes, shapes.step_batch)
     loss = ops.softmax_cross_entropy(model(Tensor(xp.asarray(images))), xp.asarray(labels), label_smoothing=0.1)
     optimizer.zero_grad()
     loss.backward()
@@ -208,15 +309,17 @@ def resnet50_step(on_gpu, seed=0):
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_step():
-    return resnet50_step(on_gpu=False)
+def reference_step(shapes):
+    with kernels.use(None, None):  # the reference ops, also where the emulated kernels serve NumPy
+        return model_step(shapes, on_device=False, xp=numpy)
 
 
-def check_resnet50_step(gpu, cupy, mode):
-    expected = cpu_step()
+def check_model_step(gpu, xp, shapes, mode):
+    """The step on the device's kernels (in charge of its arrays) against the reference ops."""
+    expected = reference_step(shapes)
     previous, gpu.allow_tf32 = gpu.allow_tf32, mode == "tf32"
     try:
-        loss, grad, params, buffers = resnet50_step(on_gpu=True)
+        loss, grad, params, buffers = model_step(shapes, on_device=True, xp=xp)
     finally:
         gpu.allow_tf32 = previous
     tolerance = STEP_TOLERANCE[mode]
@@ -226,14 +329,38 @@ def check_resnet50_step(gpu, cupy, mode):
     oracle.assert_close(buffers, expected[3], tolerance, f"{mode} BN running statistics")
 
 
+check_model_step.kernels_in_charge = True
+
+
 # ---- the runner ----------------------------------------------------------------------------------
 
-def run(seconds, passed_earlier=frozenset()):
-    """Every case, each in its own try; cases left when the time is up are reported as not run,
-    and those named in `passed_earlier` are not run again."""
+def run_case(check, args, kwargs):
+    """(status, detail) of one case; an exception is the case's result, not the run's end.
+
+    Most checks call the kernels themselves and compute their references with minidl.ops; on the
+    emulated device, whose arrays (NumPy's) the ops would hand to the kernels too, the ops run
+    their reference path meanwhile, as under tests/kernels' `emulated` fixture. The checks of
+    whole blocks and steps (`kernels_in_charge`) want the ops on the kernels, as on a GPU."""
+    gpu, xp = device()
+    reference_ops = xp is numpy and not getattr(check, "kernels_in_charge", False)
+    try:
+        with kernels.use(None, None) if reference_ops else contextlib.nullcontext():
+            returned = check(gpu, xp, *args, **kwargs)
+        return "passed", "" if returned is None else json.dumps(returned, default=repr)
+    except Skipped as reason:
+        return "skipped", str(reason)
+    except AssertionError as error:
+        return "failed", str(error)
+    except Exception:  # noqa: BLE001 - a crash in one case must not lose the others
+        return "error", traceback.format_exc(limit=6)
+
+
+def run(found, seconds, passed_earlier=frozenset(), report=lambda results: None):
+    """Every case of `found`, each in its own try; cases left when the time is up are reported as
+    not run, those named in `passed_earlier` are not run again; `report(results)` after each."""
     deadline = time.monotonic() + seconds
     results = []
-    for name, check, args, kwargs in cases():
+    for name, check, args, kwargs in found:
         if name in passed_earlier:
             results.append({"case": name, "status": "passed earlier"})
             continue
@@ -241,39 +368,54 @@ def run(seconds, passed_earlier=frozenset()):
             results.append({"case": name, "status": "not run (out of time)"})
             continue
         started = time.monotonic()
-        try:
-            returned = check(*device(), *args, **kwargs)
-            status, detail = "passed", "" if returned is None else json.dumps(returned, default=repr)
-        except AssertionError as error:
-            status, detail = "failed", str(error)
-        except Exception:  # noqa: BLE001 - a crash in one case must not lose the others
-            status, detail = "error", traceback.format_exc(limit=6)
+        status, detail = run_case(check, args, kwargs)
         results.append({"case": name, "status": status, "seconds": round(time.monotonic() - started, 3),
                         "detail": detail})
         print(f"{status:7} {results[-1]['seconds']:7.2f}s  {name}" + (f"\n{detail}" if detail else ""), flush=True)
+        report(results)
     return results
+
+
+def counts_of(results):
+    return {s: sum(r["status"] == s for r in results) for s in sorted({r["status"] for r in results})}
+
+
+def passed_in(path):
+    """The cases an earlier run's --json reports passed (a missing or cut-off file: none)."""
+    try:
+        earlier = json.loads(Path(path).read_text())["results"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+    return frozenset(r["case"] for r in earlier if r["status"] in ("passed", "passed earlier"))
 
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", required=True, help="where the results go")
+    parser.add_argument("--json", required=True, help="where the results go (rewritten after every case)")
+    parser.add_argument("--group", choices=sorted(GROUPS), default="all")
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="resnet50")
+    parser.add_argument("--v1-only", action="store_true", help="launch no v2 kernel (after a failed smoke test)")
     parser.add_argument("--seconds", type=float, default=240, help="stop starting new cases after this long")
     parser.add_argument("--skip-passed", metavar="JSON",
                         help="an earlier run's --json: its passed cases are not run again (a budgeted GPU session)")
     args = parser.parse_args(argv)
-    if not backend.on_gpu:
-        print("gpu_cases: CuPy sees no usable GPU", file=sys.stderr)
+    try:
+        device()
+    except UserError as error:
+        print(f"gpu_cases: {error}", file=sys.stderr)
         return 2
-    passed_earlier = frozenset()
-    if args.skip_passed:
-        earlier = json.loads(Path(args.skip_passed).read_text())["results"]
-        passed_earlier = frozenset(r["case"] for r in earlier if r["status"] in ("passed", "passed earlier"))
-    results = run(args.seconds, passed_earlier)
-    counts = {s: sum(r["status"] == s for r in results) for s in sorted({r["status"] for r in results})}
-    Path(args.json).write_text(json.dumps({"counts": counts, "tolerances": oracle.TOLERANCE,
-                                           "step_tolerances": STEP_TOLERANCE, "results": results}, indent=1))
+    found = cases(SHAPES[args.shapes], args.group, args.v1_only)
+    header = {"group": args.group, "shapes": args.shapes, "v1_only": args.v1_only, "cases": len(found),
+              "tolerances": oracle.TOLERANCE, "step_tolerances": STEP_TOLERANCE}
+
+    def report(results):
+        write_json_atomic(args.json, {**header, "counts": counts_of(results), "results": results})
+    report([])
+    results = run(found, args.seconds, passed_in(args.skip_passed) if args.skip_passed else frozenset(), report)
+    report(results)
+    counts = counts_of(results)
     print(counts)
-    return 0 if set(counts) <= {"passed", "passed earlier"} else 1
+    return 0 if set(counts) <= set(PASSING) else 1
 
 
 if __name__ == "__main__":

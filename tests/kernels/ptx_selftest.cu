@@ -7,6 +7,11 @@
 // k-step of one mma in both types, and a lane's fragment registers are the same words for both.
 #include "../../kernels/ptx.cuh"
 
+#ifndef DYNAMIC_SHARED_MEMORY  // the CPU emulator defines its own
+#define DYNAMIC_SHARED_MEMORY(type, name) extern __shared__ __align__(16) unsigned char name##_bytes[]; \
+    type* name = reinterpret_cast<type*>(name##_bytes)
+#endif
+
 // ---- ldmatrix ---------------------------------------------------------------------------------
 template <int MATRICES, bool TRANS>
 __device__ void load_matrices(unsigned (&r)[MATRICES], SharedAddress row) {
@@ -132,4 +137,16 @@ __global__ void fma_relu_pairs(const unsigned* a, const unsigned* b, const unsig
 // q[i] = x[i] / divisor: one integer division by a runtime value, for the SASS audit to count
 __global__ void quotients(const int* x, int divisor, int* q, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) q[i] = x[i] / divisor;
+}
+
+// out[t] = the word at byte `offset` + 4t of the dynamic shared memory (its `bytes` written
+// first), read by ld.shared or (PLAIN) by C++: the emulator reports a read past the allocation,
+// as the GPU faults
+template <bool PLAIN>
+__global__ void shared_words(int offset, int bytes, unsigned* out) {
+    DYNAMIC_SHARED_MEMORY(unsigned, words);
+    for (int i = threadIdx.x; i < bytes / 4; i += blockDim.x) words[i] = 3u * i;
+    __syncthreads();
+    int at = offset + 4 * int(threadIdx.x);
+    out[threadIdx.x] = PLAIN ? words[at / 4] : lds_32(shared_address(words) + at);
 }

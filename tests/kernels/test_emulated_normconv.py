@@ -58,6 +58,19 @@ def test_split_grad_weight_and_the_table_limit(emulated):
     assert not tile.fits_fusion("conv_wgrad", Fusion(NORMALIZE, None, None, 1), (fitting + 1, *geometry[1:]))
 
 
+@pytest.mark.parametrize("case", [("bf16", 32, 7, 7, 16, 16, 3, 1, 1, 2), ("bf16", 32, 14, 14, 16, 16, 3, 2, 1, 2)],
+                         ids=["7x7", "14x14-stride2"])
+def test_grad_weight_whose_table_fills_the_allocation(emulated, case):
+    """32 images in groups of 2 on the 256-wide tile: the table of 16 groups fills
+    NORM_TABLE_BYTES, which ends the block's shared memory, and 32·7·7 pixels end mid-tile. A
+    pixel past the last must not read a group past the table (the emulator reports any shared
+    access outside the allocation, as the GPU faults)."""
+    tile = conv_v2.TILES["bf16_128x256"]
+    assert 2 * (case[1] // case[-1]) * tile.bn * 2 == conv_v2.NORM_TABLE_BYTES
+    assert tile.shared_bytes(Fusion(NORMALIZE, None, None, 2)) == tile.pipeline_bytes + conv_v2.NORM_TABLE_BYTES
+    checks.check_grad_weight(emulated, numpy, *case, plans=[Plan("v2", "bf16_128x256", 1), Plan("v2", "bf16_128x256", 2)])
+
+
 def test_a_fused_epilogue_takes_the_whole_reduction(emulated):
     case = checks.Case(numpy, *CASES[0])
     fusion = Fusion(NORMALIZE | STATS, case.norm, None, case.images)

@@ -2,7 +2,9 @@
 ptx_selftest.cu: ldmatrix registers against the ISA's lane mapping computed here in NumPy, mma
 results against NumPy products, the cp.async pipeline's deferred completion, and every misuse
 the emulation promises to report."""
+import json
 import math
+import re
 import shutil
 import time
 from fractions import Fraction
@@ -232,3 +234,50 @@ def test_fma_relu_bf16x2_rounds_the_exact_sum_once(selftest):
             continue  # infinite operands: covered by the overflow case's result only
         assert result == bf16_fma_relu_exact(x, y, z), f"fma.rn.relu({x:#06x}, {y:#06x}, {z:#06x}) = {result:#06x}"
     assert list(got[:len(ties)]) == [0x3FC2, 0x3FC1, 0x3FC4, 0x3FC5, 0x0000, 0x0002, 0x7F80, 0x0000, 0x7FFF]
+
+
+# ---- shared-memory bounds -------------------------------------------------------------------------
+@pytest.mark.parametrize("plain", [False, True], ids=["ld.shared", "plain-c++"])
+def test_a_shared_read_past_the_allocation_names_the_kernel_thread_and_offset(selftest, plain):
+    """Through the PTX wrapper (checked) or plain C++ (a multiple of 256 bytes ends at a page
+    boundary, and the guard page after it faults)."""
+    name = f"shared_words<{str(plain).lower()}>"
+    kernel, out = selftest.get_function(name), numpy.zeros(32, numpy.uint32)
+    kernel((1,), WARP, (numpy.int32(128), numpy.int32(256), out), shared_mem=256)  # the last word: inside
+    numpy.testing.assert_array_equal(out, 3 * numpy.arange(32, 64))
+    how = "a plain C\\+\\+ access.*1 bytes" if plain else "lds_32: shared-memory access of 4 bytes"
+    with pytest.raises(emulator.EmulationError, match=rf"^{re.escape(name)}: {how} at offset 256 outside .*"
+                                                      r"\(block 0,0,0 thread 31,0,0\)"):
+        kernel((1,), WARP, (numpy.int32(132), numpy.int32(256), out), shared_mem=256)  # lane 31 reads 256..259
+    kernel((1,), WARP, (numpy.int32(0), numpy.int32(128), out), shared_mem=128)  # the launch after: unharmed
+    numpy.testing.assert_array_equal(out, 3 * numpy.arange(32))
+    if not plain:  # below the start: in the allocation's first page, which a guard page cannot cover
+        with pytest.raises(emulator.EmulationError, match="at offset -4 outside"):
+            kernel((1,), WARP, (numpy.int32(-4), numpy.int32(128), out), shared_mem=128)
+
+
+# ---- the hardware check's answers (ptx_selftest.py --device gpu compares a GPU with them) -----------
+def test_the_emulator_still_gives_the_committed_answers(selftest):
+    cases = json.loads(ptx_selftest.EXPECTED.read_text())["cases"]
+    assert {c["kernel"] for c in cases} >= set(ptx_selftest.LDMATRIX) | {"round_tf32", "fma_relu_pairs"}
+    for case in cases:
+        assert ptx_selftest.run(selftest, numpy, case) == case["expected"], case["name"]
+
+
+def test_the_check_records_every_case_a_mismatch_and_an_error(selftest, tmp_path, monkeypatch):
+    result = tmp_path / "result.json"
+    assert ptx_selftest.check("emulator", result)
+    written = json.loads(result.read_text())
+    assert written["passed"] and written["device"] == "emulator"
+    assert all(c["status"] == "passed" and c["mismatches"] == 0 for c in written["cases"])
+    cases = json.loads(ptx_selftest.EXPECTED.read_text())
+    cases["cases"][0]["expected"][0][5] ^= 1  # one bit of one answer
+    tampered = tmp_path / "expected.json"
+    tampered.write_text(json.dumps(cases))
+    monkeypatch.setattr(ptx_selftest, "EXPECTED", tampered)
+    assert not ptx_selftest.check("emulator", result)
+    first = json.loads(result.read_text())["cases"][0]
+    assert first["status"] == "failed" and first["mismatches"] == 1 and "word 5" in first["first_mismatch"]
+    monkeypatch.setattr(ptx_selftest, "EXPECTED", tmp_path / "missing.json")
+    assert not ptx_selftest.check("emulator", result)
+    assert "missing.json" in json.loads(result.read_text())["error"]

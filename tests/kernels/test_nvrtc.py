@@ -90,7 +90,7 @@ SOURCES["ptx_selftest"] = (ptx_selftest.SOURCE, ptx_selftest.KERNELS, {})
 @pytest.mark.parametrize("family", list(SOURCES))
 def test_compiles_with_nvrtc(nvrtc, family):
     path, names, defines = SOURCES[family]
-    options = loader.compile_options(defines) + CUPY_ADDS + REPORT
+    options = loader.compile_options(defines, family if family in FAMILIES else None) + CUPY_ADDS + REPORT
     # named by its path, the program finds its quoted includes next to it (CuPy's, by the -I of
     # loader.compile_options)
     ok, log, lowered = nvrtc.compile(path.read_text(), str(path), options, names)

@@ -19,13 +19,18 @@
 //
 // The emulator checks what the hardware would reject or silently get wrong: WMMA pointer
 // alignment (32 bytes) and leading dimensions (16 bytes), cp.async sizes and alignment,
-// launch limits, dynamic shared memory over the opt-in size, barriers that never complete.
+// launch limits, dynamic shared memory over the opt-in size, barriers that never complete, and
+// shared-memory addresses outside the block's allocation where they reach the PTX wrappers
+// (ldmatrix, ld/st.shared, cp.async) against the dynamic allocation; plain C++ accesses out of it
+// fault on guard pages (see SharedGuardPages). Static __shared__ variables are plain statics, not checked.
 // The first error is reported by the launch (emu_last_error) instead of aborting the process.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <csetjmp>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -35,6 +40,7 @@
 #include <new>
 #include <pthread.h>
 #include <string>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <type_traits>
@@ -152,11 +158,41 @@ inline Barrier block_barrier;
 inline Barrier warp_barriers[MAX_WARPS];
 inline uint64_t exchange[MAX_WARPS][32];  // one shuffle slot per lane
 inline std::mutex atomic_lock;
-constexpr size_t SHARED_ALIGNMENT = 256, SHARED_GUARD = 256;
-inline std::vector<unsigned char> dynamic_shared;  // alignment slack + bytes + guard
-inline unsigned char* dynamic_shared_base = nullptr;
-inline size_t dynamic_shared_bytes = 0;
+// Dynamic shared memory lies in a region of whole pages, as large as the largest allocation plus a
+// page either side; any address in the region outside the launch's bytes is out of range. A launch
+// places its bytes (rounded up to SHARED_ALIGNMENT, the alignment of its start) to end at a page
+// boundary and makes the pages around them inaccessible while it runs (SharedGuardPages), so that
+// plain C++ reads and writes out of range fault and are reported too; the < 256 rounding bytes
+// after the end are guard bytes, which catch writes.
+constexpr size_t PAGE = 4096, SHARED_ALIGNMENT = 256;
+constexpr size_t SHARED_REGION = PAGE + (DYNAMIC_SHARED_LIMIT + PAGE - 1) / PAGE * PAGE + PAGE;
+alignas(PAGE) inline unsigned char shared_region[SHARED_REGION];
+inline unsigned char* dynamic_shared_base = shared_region + PAGE;
+inline size_t dynamic_shared_bytes = 0, dynamic_shared_padded = 0;  // the launch's bytes, rounded up
 inline thread_local int lane_id, warp_id;
+
+// ---- flush-to-zero: CuPy compiles every kernel with -ftz=true (minidl/kernels/loader.py), so fp32
+// arithmetic treats subnormal inputs as zero and flushes subnormal results to zero. Kernel threads
+// run with the CPU's same modes (x86 MXCSR DAZ | FTZ, Arm FPCR.FZ); the instructions the
+// hardware runs without .ftz (the bf16 fma, the tensor-core products) keep subnormals through
+// KeepSubnormals around their emulation.
+#if defined(__x86_64__) || defined(__i386__)
+constexpr uint64_t FLUSH_MODE = 0x8040;  // MXCSR: FTZ (bit 15) | DAZ (bit 6)
+inline uint64_t float_mode() { return __builtin_ia32_stmxcsr(); }
+inline void set_float_mode(uint64_t mode) { __builtin_ia32_ldmxcsr(unsigned(mode)); }
+#elif defined(__aarch64__)
+constexpr uint64_t FLUSH_MODE = 1u << 24;  // FPCR.FZ: inputs and results
+inline uint64_t float_mode() { return __builtin_aarch64_get_fpcr64(); }
+inline void set_float_mode(uint64_t mode) { __builtin_aarch64_set_fpcr64(mode); }
+#else
+#error "the emulator models -ftz=true through the x86 or Arm floating-point control register"
+#endif
+
+struct KeepSubnormals {
+    uint64_t saved = float_mode();
+    KeepSubnormals() { set_float_mode(saved & ~FLUSH_MODE); }
+    ~KeepSubnormals() { set_float_mode(saved); }
+};
 
 inline void* dynamic_shared_memory() { return dynamic_shared_base; }
 
@@ -195,14 +231,73 @@ struct Grid {
     void* context;
 };
 
-inline void prepare_block() {
-    std::fill(dynamic_shared.begin(), dynamic_shared.end(), SHARED_GARBAGE);
-}
+inline void prepare_block() { std::memset(dynamic_shared_base, SHARED_GARBAGE, dynamic_shared_padded); }
 
 inline bool guard_intact() {
-    for (size_t i = 0; i < SHARED_GUARD; ++i)
-        if (dynamic_shared_base[dynamic_shared_bytes + i] != SHARED_GARBAGE) return false;
+    for (size_t i = dynamic_shared_bytes; i < dynamic_shared_padded; ++i)
+        if (dynamic_shared_base[i] != SHARED_GARBAGE) return false;
     return true;
+}
+
+// ---- out-of-range plain C++ accesses: a fault on the guard pages ends the thread's block ---------
+inline thread_local sigjmp_buf* fault_exit = nullptr;  // while the thread runs the kernel's body
+
+inline long long shared_offset(uintptr_t address) {
+    return static_cast<long long>(address - reinterpret_cast<uintptr_t>(dynamic_shared_base));
+}
+
+inline void report_out_of_range(const std::string& what, uintptr_t address, size_t bytes) {
+    fail(what + ": shared-memory access of " + std::to_string(bytes) + " bytes at offset " +
+         std::to_string(shared_offset(address)) + " outside the block's allocation (" +
+         std::to_string(dynamic_shared_bytes) + " bytes of dynamic shared memory)");
+}
+
+// The pages of the region outside the launch's bytes are inaccessible for the launch; a SIGSEGV
+// there, in a kernel thread, is reported (fail: the fault is synchronous, in kernel code, so the
+// lock and the allocation are safe in practice) and the thread leaves its block; any other fault
+// goes to the handler that was there before, which sees it again when the instruction re-runs.
+class SharedGuardPages {
+  public:
+    SharedGuardPages() {
+        protect(PROT_NONE);
+        struct sigaction mine {};
+        mine.sa_sigaction = on_fault;
+        mine.sa_flags = SA_SIGINFO | SA_NODEFER;  // a longjmp leaves the handler: keep SIGSEGV unblocked
+        sigemptyset(&mine.sa_mask);
+        sigaction(SIGSEGV, &mine, &previous());
+    }
+    ~SharedGuardPages() {
+        sigaction(SIGSEGV, &previous(), nullptr);
+        protect(PROT_READ | PROT_WRITE);
+    }
+
+  private:
+    static struct sigaction& previous() {
+        static struct sigaction saved;
+        return saved;
+    }
+    static void protect(int access) {
+        unsigned char* below = shared_region + (dynamic_shared_base - shared_region) / PAGE * PAGE;
+        unsigned char* above = dynamic_shared_base + dynamic_shared_padded;
+        mprotect(shared_region, below - shared_region, access);
+        mprotect(above, shared_region + SHARED_REGION - above, access);
+    }
+    static void on_fault(int, siginfo_t* info, void*) {
+        auto address = reinterpret_cast<uintptr_t>(info->si_addr), region = reinterpret_cast<uintptr_t>(shared_region);
+        if (fault_exit && address >= region && address < region + SHARED_REGION) {
+            report_out_of_range("a plain C++ access (no PTX wrapper)", address, 1);
+            siglongjmp(*fault_exit, 1);
+        }
+        sigaction(SIGSEGV, &previous(), nullptr);
+    }
+};
+
+// Where a launch of `bytes` puts its dynamic shared memory: ending at a page boundary
+inline void place_dynamic_shared(size_t bytes) {
+    dynamic_shared_bytes = bytes;
+    dynamic_shared_padded = (bytes + SHARED_ALIGNMENT - 1) / SHARED_ALIGNMENT * SHARED_ALIGNMENT;
+    size_t pages = (dynamic_shared_padded + PAGE - 1) / PAGE;
+    dynamic_shared_base = shared_region + PAGE + pages * PAGE - dynamic_shared_padded;
 }
 
 inline void reset_barriers(unsigned threads) {
@@ -210,19 +305,43 @@ inline void reset_barriers(unsigned threads) {
     for (unsigned w = 0; w * 32 < threads; ++w) warp_barriers[w].reset(std::min(32u, threads - w * 32));
 }
 
+// Whether [address, address + bytes) is a valid shared access: inside the launch's dynamic
+// allocation, or outside the region (a static __shared__ variable: those are plain statics here,
+// not checked). Else the launch fails with the offset from the allocation's start, as the
+// hardware faults ("warp out-of-range address").
+inline bool shared_access(const char* what, uintptr_t address, size_t bytes) {
+    auto base = reinterpret_cast<uintptr_t>(dynamic_shared_base), region = reinterpret_cast<uintptr_t>(shared_region);
+    bool inside = address >= base && address + bytes <= base + dynamic_shared_bytes;
+    bool in_region = address + bytes > region && address < region + sizeof(shared_region);
+    if (inside || !in_region) return true;
+    report_out_of_range(what, address, bytes);
+    return false;
+}
+
 inline void forget_thread_state();  // ptx_emu.h: what a thread's PTX instructions left of this block
 inline void forget_warp_state();    // ptx_emu.h: what the warps published, once every thread is done
+
+// The kernel's body for this thread and block; a fault on the guard pages (reported) ends it early
+__attribute__((noinline)) inline void run_body(Grid* grid) {
+    sigjmp_buf exit_point;
+    if (sigsetjmp(exit_point, 0) == 0) {
+        fault_exit = &exit_point;
+        grid->body(grid->context);
+    }
+    fault_exit = nullptr;
+}
 
 inline void* run_thread(Grid* grid, unsigned tid) {
     const LaunchConfig& c = grid->config;
     threadIdx = {tid % c.block[0], tid / c.block[0] % c.block[1], tid / (c.block[0] * c.block[1])};
     lane_id = tid % 32;
+    set_float_mode(float_mode() | FLUSH_MODE);
     warp_id = tid / 32;
     for (unsigned z = 0; z < c.grid[2]; ++z)
         for (unsigned y = 0; y < c.grid[1]; ++y)
             for (unsigned x = 0; x < c.grid[0]; ++x) {
                 blockIdx = {x, y, z};
-                grid->body(grid->context);
+                run_body(grid);
                 forget_thread_state();  // e.g. copies still pending when the thread ends never land
                 block_barrier.arrive_and_drop();
                 my_warp().arrive_and_drop();
@@ -259,10 +378,9 @@ inline int run_grid(const LaunchConfig& c, void (*body)(void*), void* context) {
     unsigned threads = c.block[0] * c.block[1] * c.block[2];
     gridDim = dim3(c.grid[0], c.grid[1], c.grid[2]);
     blockDim = dim3(c.block[0], c.block[1], c.block[2]);
-    dynamic_shared_bytes = c.shared_bytes;
-    dynamic_shared.assign(SHARED_ALIGNMENT + c.shared_bytes + SHARED_GUARD, SHARED_GARBAGE);
-    auto start = reinterpret_cast<uintptr_t>(dynamic_shared.data());
-    dynamic_shared_base = dynamic_shared.data() + (SHARED_ALIGNMENT - start % SHARED_ALIGNMENT) % SHARED_ALIGNMENT;
+    place_dynamic_shared(c.shared_bytes);
+    prepare_block();
+    SharedGuardPages guard;
     reset_barriers(threads);
     Grid grid{c, threads, {}, body, context};
     grid.between_blocks.reset(threads);
@@ -456,7 +574,8 @@ inline void __pipeline_memcpy_async(void* dst, const void* src, size_t size_and_
     emu::check(reinterpret_cast<uintptr_t>(dst) % size_and_align == 0 &&
                    reinterpret_cast<uintptr_t>(src) % size_and_align == 0,
                "__pipeline_memcpy_async: addresses must be aligned to the copy size");
-    if (emu::failed) return;
+    if (emu::failed || !emu::shared_access("__pipeline_memcpy_async", reinterpret_cast<uintptr_t>(dst), size_and_align))
+        return;
     std::memcpy(dst, src, size_and_align - zfill);
     std::memset(static_cast<char*>(dst) + (size_and_align - zfill), 0, zfill);
 }
@@ -539,6 +658,7 @@ inline float mma_operand(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <int M, int N, int K, typename T, typename LA, typename LB>
 inline void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, T, LA>& a,
                      const fragment<matrix_b, M, N, K, T, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+    emu::KeepSubnormals tensor_core;  // as ptx_emu.h's mma
     float out[M * N];
     for (int i = 0; i < M; ++i)
         for (int j = 0; j < N; ++j) {

@@ -88,6 +88,7 @@ inline void ldmatrix(unsigned (&r)[MATRICES], const void* row, const char* name)
             if (!start || reinterpret_cast<uintptr_t>(start) % 16 != 0)
                 return fail(std::string(name) + ": the row address of lane " + std::to_string(source) +
                             " is null or not 16-byte aligned");
+            if (!shared_access(name, reinterpret_cast<uintptr_t>(start), 16)) return;
             uint16_t element;
             std::memcpy(&element, start + 2 * stored_col, 2);
             r[i] |= unsigned(element) << (16 * half);
@@ -123,6 +124,7 @@ inline void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], c
     WarpInstruction warp(name, instruction, nullptr, words);
     for (float& v : d) v = 0.0f;
     if (!warp.ok) return;
+    KeepSubnormals tensor_core;  // assumed: no flush in the tensor cores (ptx_selftest.py checks it on a GPU)
     Tile<K> tile;
     for (int lane = 0; lane < 32; ++lane) {
         gather(tile, lane, warp.lanes[lane].words);
@@ -213,6 +215,7 @@ inline void mma_tf32_m16n8k8(float (&d)[4], const unsigned (&a)[4], const unsign
 
 inline unsigned lds_32(SharedAddress address) {
     emu::check(address % 4 == 0, "lds_32: the address must be 4-byte aligned");
+    if (!emu::shared_access("lds_32", address, 4)) return 0;
     unsigned value;
     std::memcpy(&value, reinterpret_cast<const void*>(address), 4);
     return value;
@@ -220,18 +223,19 @@ inline unsigned lds_32(SharedAddress address) {
 
 inline void lds_128(unsigned (&r)[4], SharedAddress address) {
     emu::check(address % 16 == 0, "lds_128: the address must be 16-byte aligned");
+    if (!emu::shared_access("lds_128", address, 16)) return void(std::memset(r, 0, 16));
     std::memcpy(r, reinterpret_cast<const void*>(address), 16);
 }
-inline void sts_128_if(SharedAddress address, const unsigned (&r)[4], bool store) {
+inline void sts_128_if(SharedAddress address, const unsigned (&r)[4], bool store) {  // predicated off: no access
     emu::check(address % 16 == 0, "sts_128_if: the address must be 16-byte aligned");
-    if (store) std::memcpy(reinterpret_cast<void*>(address), r, 16);
+    if (store && emu::shared_access("sts_128_if", address, 16)) std::memcpy(reinterpret_cast<void*>(address), r, 16);
 }
 
 inline void cp_async_16(SharedAddress shared, const void* global, bool fill) {
     void* smem = reinterpret_cast<void*>(shared);
     bool aligned = reinterpret_cast<uintptr_t>(smem) % 16 == 0 && reinterpret_cast<uintptr_t>(global) % 16 == 0;
     emu::check(aligned, "cp_async_16: the shared and global addresses must be 16-byte aligned");
-    if (emu::failed) return;
+    if (emu::failed || !emu::shared_access("cp_async_16", shared, 16)) return;
     emu::ptx::AsyncCopy copy{static_cast<unsigned char*>(smem), {}, emu::ptx::committed};
     if (fill) std::memcpy(copy.data, global, 16);
     std::memset(smem, emu::SHARED_GARBAGE, 16);
@@ -275,6 +279,7 @@ inline uint16_t round_to_bf16(double s, double err) {
 // s + err exactly (Knuth's two-sum), rounded once; .relu turns a negative result into +0 and a
 // NaN into the canonical NaN
 inline uint16_t fma_relu_bf16(uint16_t a, uint16_t b, uint16_t c) {
+    KeepSubnormals bf16_arithmetic;  // no .ftz: subnormal operands and results count
     auto value = [](uint16_t bits) { return double(__uint_as_float(uint32_t(bits) << 16)); };
     double p = value(a) * value(b), cc = value(c), s = p + cc;
     double pp = s - cc, err = std::isfinite(s) ? (p - pp) + (cc - (s - pp)) : 0.0;

@@ -1,0 +1,290 @@
+"""The canary: every v2 convolution kernel run once against v1, in child processes, before the
+autotuner may use it on this device and these sources (minidl.kernels.autotune).
+
+A kernel that reads out of bounds on a GPU may raise an illegal address, which loses the CUDA
+context for good: no later call of that process works, so catching the exception is not enough.
+So `validator()` gives the tuner a driver that runs the plans in a child process
+(`python -m minidl.kernels.canary --child PROGRESS NAME...`). The child writes a line to PROGRESS
+before each plan and one after it (ok, mismatch with its error vs v1, failed with the error
+text); when the child dies, the driver records the plan it was running as failed (with the exit
+status or signal and the child's last line of stderr) and starts a new child for the plans left.
+
+The plans (`PLANS`): each pass (forward, grad-input, grad-weight) × data type (bf16, TF32) ×
+v2 tile × fusion of the batch norm (minidl.kernels.conv_v2.FUSIONS), unsplit and split (where
+the fusion allows split-K), at small shapes that end inside every tile (SHAPES), in statistics
+groups of one image. 1×1 filters with padding keep them cheap on the CPU emulator (a second per
+plan) and still meet the padding masks and the tile edges; the 3×3 taps' address arithmetic is
+the emulator tests' (tests/kernels/test_emulated_conv_v2.py): what only hardware can tell —
+alignment, shared-memory limits, the launch itself — does not depend on the filter. Agreement:
+autotune.TOLERANCE, as for the tuner's own comparison.
+
+    python -m minidl.kernels.canary --json FILE
+
+validates for this device (MINIDL_DEVICE_KERNELS's, else the GPU's), reusing what the tuner's
+cache already holds for this source hash, prints a line per plan and a last one, and writes FILE
+after every plan: {device, source_hash, seconds, plans: [{plan, pass, dtype, status, error,
+max_error, seconds}], counts: {ok, failed, mismatch}}. Exit status 0 when every plan is ok, 1
+when one failed or mismatched, 2 on a usage error.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy
+
+from minidl.backend import BF16
+from minidl.errors import UserError
+from minidl.fileio import write_json_atomic
+from minidl.kernels import loader
+from minidl.kernels.autotune import STATUSES, Plan, comparable, disagreement, relative_error
+from minidl.kernels.batchnorm import NORM, NORM_FIELDS
+from minidl.kernels.conv_v2 import DRELU, FUSIONS, NORMALIZE, PASSES, STATS, TILES, Fusion
+
+STOPPED = 3  # the child's exit status after a plan that raised
+PLAN_TIMEOUT = 120.0  # seconds one plan may take in the child (the CPU emulator is the slow one)
+IMAGES = 1  # per statistics group: two groups in a batch of two
+SPLITS = 2
+# (n, h, w, c, k, r, stride, padding) per data type and pass: channels a multiple of the v2 tiles'
+# BK along the reduction and of none of their other edges, rows that end inside a tile, a border
+# of padding, two reduction tiles (so a split has work in each part)
+SHAPES = {
+    "bf16": {"conv_fwd": (2, 5, 5, 128, 72, 1, 2, 1), "conv_dgrad": (2, 3, 5, 72, 128, 1, 1, 1),
+             "conv_wgrad": (2, 7, 5, 72, 40, 1, 1, 1)},
+    "tf32": {"conv_fwd": (2, 5, 5, 64, 36, 1, 2, 1), "conv_dgrad": (2, 3, 5, 36, 64, 1, 1, 1)},
+}
+
+
+def mode_of(tile):
+    return "bf16" if tile.dtype == BF16 else "tf32"
+
+
+class CanaryPlan(NamedTuple):
+    name: str  # the kernel name the tuner's statuses use (autotune.Plan.kernel_name)
+    conv_pass: str
+    fuse: int
+    plan: Plan
+
+    @property
+    def dtype(self):
+        return mode_of(TILES[self.plan.tile])
+
+
+def canary_plans():
+    plans = []
+    for conv_pass in PASSES:
+        for tile in TILES.values():
+            if not tile.serves(conv_pass):
+                continue
+            for fuse in FUSIONS[conv_pass]:
+                kind = conv_pass + (f"+{Fusion(fuse).label()}" if fuse else "")
+                for splits in (1,) if Fusion(fuse).whole_reduction else (1, SPLITS):
+                    plan = Plan("v2", tile.name, splits)
+                    plans.append(CanaryPlan(plan.kernel_name(kind), conv_pass, fuse, plan))
+    return plans
+
+
+PLANS = canary_plans()
+
+
+def source_hash():
+    """What the statuses hold for: every kernels/*.cu and *.cuh."""
+    return loader.all_sources_hash()
+
+
+# ---- the child: one plan against v1 --------------------------------------------------------------
+class Check:
+    """A tuner stand-in for one plan: on the call it is asked about, it runs the v1 plan (once per
+    key: `references` is shared by a child's plans) and the plan under test, keeps their
+    disagreement, and lets the v1 plan go on."""
+
+    def __init__(self, plan, references):
+        self.plan, self.references, self.error, self.tolerance = plan, references, None, None
+
+    def choose(self, key, plans, run, kind="", tolerance=0.0):
+        first = plans()[0]
+        if key not in self.references:
+            self.references[key] = [comparable(a) for a in run(first)]
+        self.error, self.tolerance = relative_error(run(self.plan), self.references[key]), tolerance
+        return first
+
+
+def run_plan(gpu, xp, canary, references):
+    """(status, max_error, error text) of one canary plan on the Kernels `gpu` over arrays of `xp`
+    (the same data for every plan of a pass and data type)."""
+    n, h, w, c, k, r, stride, padding = SHAPES[canary.dtype][canary.conv_pass]
+    rng = numpy.random.default_rng(0)
+    p, q = (h + 2 * padding - r) // stride + 1, (w + 2 * padding - r) // stride + 1
+
+    def draw(*dims, scale=1.0):
+        values = (scale * rng.standard_normal(dims)).astype(numpy.float32)
+        return xp.asarray(values if canary.dtype == "tf32" else (values.view(numpy.uint32) >> 16).astype(BF16))
+
+    x, wt, gy = draw(n, h, w, c), draw(k, r, r, c, scale=(r * r * c) ** -0.5), draw(n, p, q, k)
+    groups = n // IMAGES
+    norm = numpy.zeros((groups, len(NORM_FIELDS), c), numpy.float32)
+    norm[:, NORM["scale"]] = rng.uniform(0.5, 1.5, (groups, c))
+    norm[:, NORM["shift"]] = rng.uniform(-0.5, 0.5, (groups, c))
+    norm[:, NORM["mean"]], norm[:, NORM["inv_std"]] = rng.uniform(-0.2, 0.2, (groups, c)), 1.0
+    norm = xp.asarray(norm)
+    check = gpu.tuner = Check(canary.plan, references)
+    fuse = canary.fuse
+    if canary.conv_pass == "conv_fwd":
+        gpu.conv_forward_fused(x, wt, stride, padding, norm=norm if fuse & NORMALIZE else None, images=IMAGES,
+                               stats=bool(fuse & STATS))
+    elif canary.conv_pass == "conv_dgrad" and fuse & DRELU:
+        gpu.conv_grad_input_fused(gy, wt, x, norm, IMAGES, stride, padding)
+    elif canary.conv_pass == "conv_dgrad":
+        gpu.conv_grad_input(gy, wt, x.shape, stride, padding)
+    elif fuse & NORMALIZE:
+        gpu.conv_grad_weight_fused(x, gy, wt.shape, norm, IMAGES, stride, padding)
+    else:
+        gpu.conv_grad_weight(x, gy, wt.shape, stride, padding)
+    if check.error is None:
+        return "failed", None, f"the canary's {canary.conv_pass} call asked no tuner: no such plan at its shape"
+    if not check.error <= check.tolerance:
+        return "mismatch", check.error, disagreement(check.error, check.tolerance)
+    return "ok", check.error, None
+
+
+def child(progress, names):
+    from minidl import kernels
+    gpu, xp = kernels.device(), kernels.device_array_module()
+    gpu.allow_tf32 = True  # the TF32 tiles are validated whatever this process's setting
+    by_name, references = {p.name: p for p in PLANS}, {}
+    with open(progress, "a") as out:
+        for name in names:
+            out.write(json.dumps({"running": name}) + "\n")
+            out.flush()
+            start = time.perf_counter()
+            try:
+                status, max_error, error = run_plan(gpu, xp, by_name[name], references)  # synchronizes
+            except Exception as failure:  # a compile or launch error, perhaps sticky: record it and stop
+                status, max_error, error = "failed", None, f"{type(failure).__name__}: {failure}".splitlines()[0]
+            out.write(json.dumps({"name": name, "status": status, "max_error": max_error, "error": error,
+                                  "seconds": time.perf_counter() - start}) + "\n")
+            out.flush()
+            if status == "failed":
+                return STOPPED  # the driver starts a fresh process (a fresh CUDA context) for the rest
+    return 0
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+def validator(timeout=PLAN_TIMEOUT):
+    """The tuner's `validate(known, record)`: the canary plans not in `known`, in children."""
+    def validate(known, record):
+        pending = [p.name for p in PLANS if p.name not in known]
+        while pending:  # each child records at least one plan
+            done = run_child(pending, record, timeout)
+            pending = [name for name in pending if name not in done]
+    return validate
+
+
+def run_child(names, record, timeout):
+    """Run `names` in one child until it finishes, stops or dies; `record(name, result)` for each
+    plan it finished or died in. Returns the names recorded; where the child died before any
+    plan, every name is recorded failed with the child's error (a new child would die alike)."""
+    with tempfile.TemporaryDirectory(prefix="minidl-canary-") as folder:
+        progress, errors = Path(folder) / "progress.jsonl", Path(folder) / "stderr.txt"
+        progress.touch()
+        with open(errors, "w") as stderr:
+            process = subprocess.Popen([sys.executable, "-m", "minidl.kernels.canary", "--child", str(progress),
+                                        *names], stdout=subprocess.DEVNULL, stderr=stderr, env=dict(os.environ))
+        done, running, since, read, timed_out = [], None, time.monotonic(), 0, False
+        while True:
+            exited = process.poll() is not None
+            text = progress.read_text()
+            lines = text[:text.rfind("\n") + 1].splitlines()  # whole lines only
+            for line in lines[read:]:
+                entry = json.loads(line)
+                if "running" in entry:
+                    running = entry["running"]
+                else:
+                    record(entry.pop("name"), entry)
+                    done.append(running)
+                    running = None
+                since = time.monotonic()
+            read = len(lines)
+            if exited:
+                break
+            timed_out = time.monotonic() - since > timeout  # a plan that hangs, or a process that cannot end
+            if timed_out:
+                process.kill()
+                process.wait()
+                break
+            time.sleep(0.05)
+        if running is None and done:
+            return done
+        status = (f"timed out after {timeout:.0f} s" if timed_out else
+                  f"killed by signal {-process.returncode}" if process.returncode < 0 else
+                  f"exit status {process.returncode}")
+        last = next((line for line in reversed(errors.read_text().splitlines()) if line.strip()), "")
+        error = f"the canary process died ({status}): {last}".rstrip(": ")
+        if running is not None:
+            record(running, failed(error))
+            return [*done, running]
+        for name in names:
+            record(name, failed(f"{error}, before its first plan"))
+        return list(names)
+
+
+def failed(error):
+    return {"status": "failed", "max_error": None, "error": error, "seconds": None}
+
+
+# ---- the command line ----------------------------------------------------------------------------
+def row(name, record):
+    kind, tile = name.split()[:2]
+    return {"plan": name, "pass": kind, "dtype": mode_of(TILES[tile]) if tile in TILES else None,
+            "status": record["status"], "error": record.get("error"), "max_error": record.get("max_error"),
+            "seconds": record.get("seconds")}
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[0] == "--child":
+        return child(argv[1], argv[2:])
+    if len(argv) != 2 or argv[0] != "--json":
+        raise UserError("usage: python -m minidl.kernels.canary --json FILE")
+    path = Path(argv[1])
+    if not path.parent.is_dir():
+        raise UserError(f"--json {path}: the folder {path.parent} does not exist: create it or write elsewhere")
+    from minidl import backend, environment, kernels
+    if not (backend.on_gpu or environment.value("MINIDL_DEVICE_KERNELS")):
+        raise UserError("no GPU here (CuPy sees none) and no MINIDL_DEVICE_KERNELS: run it on a GPU machine, or "
+                        "set MINIDL_DEVICE_KERNELS=emulated_device:device with tests/kernels on PYTHONPATH")
+    tuner = kernels.device().tuner
+    if tuner is None:
+        raise UserError("MINIDL_AUTOTUNE=0 turns the tuner and its validation off: unset it to validate the kernels")
+    start, rows = time.perf_counter(), {}
+
+    def write():
+        counts = {status: sum(r["status"] == status for r in rows.values()) for status in STATUSES}
+        write_json_atomic(path, {"device": tuner.device, "source_hash": tuner.source_hash,
+                                 "seconds": time.perf_counter() - start, "plans": list(rows.values()),
+                                 "counts": counts})
+        return counts
+
+    def on_result(name, record, reused):
+        rows[name] = row(name, record)
+        write()
+        told = f" ({record['error']})" if record.get("error") else ""
+        print(f"{record['status']:8} {name}{' (cached)' if reused else ''}{told}", flush=True)
+
+    write()
+    tuner.validated(on_result)
+    counts = write()
+    print(f"canary: {len(rows)} plans on {tuner.device}, {counts['ok']} ok, {counts['failed']} failed, "
+          f"{counts['mismatch']} mismatch, {time.perf_counter() - start:.1f} s; {path}", flush=True)
+    return 0 if counts["ok"] == len(rows) else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as error:
+        sys.stderr.write(f"minidl.kernels.canary: error: {error}\n")
+        sys.exit(2)
