@@ -234,6 +234,11 @@ SETTINGS = (
             DISTRIBUTED, float, default=25.0, check=non_negative),
     Setting("dist_backend", ("--dist-backend",), "transport of the collectives", DISTRIBUTED, choices=BACKENDS,
             note="nccl on GPUs, mpi otherwise"),
+    Setting("collective_timeout", ("--collective-timeout",), "seconds a rank may wait for the others in one "
+            "collective before the job aborts, naming the stalled ranks (0: wait forever)", DISTRIBUTED, float,
+            default=600.0, check=non_negative),
+    Setting("stall_warning", ("--stall-warning",), "seconds of waiting in one collective after which rank 0 names "
+            "the ranks it waits for (0: never)", DISTRIBUTED, float, default=60.0, check=non_negative),
 
     Setting("resume", ("--resume",), "a checkpoint to continue from, or auto: the newest in --output-dir",
             CHECKPOINTS, note="start afresh"),

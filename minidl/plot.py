@@ -5,8 +5,10 @@ val_top5, lr, global_batch, images_per_sec) and, if present, OUTDIR/steps.jsonl 
 every --print-freq steps: iteration, epoch as a fraction of epochs completed, loss, lr,
 global_batch, img_per_s, and the seconds per step spent in data, forward, backward, allreduce
 and optimizer). Writes into OUTDIR, against epochs: loss.png, top1.png, lr.png,
-global_batch.png, throughput.png and, when steps.jsonl has time splits, time_split.png; from
-OUTDIR/trace.json (--trace-steps), if present, timeline.png (minidl.plot_timeline).
+global_batch.png, throughput.png and, when steps.jsonl has time splits, time_split.png; against
+steps, when steps.jsonl has each rank's compute time (runs of several ranks, rank_compute),
+rank_step_time.png: one line per rank, where a straggler stands out; from OUTDIR/trace.json
+(--trace-steps), if present, timeline.png (minidl.plot_timeline).
 Keys that are absent are left out; a figure with nothing to draw is not written. It prints
 the paths it wrote; bad input gives one line on stderr and exit code 2.
 
@@ -81,10 +83,10 @@ def save(figure, path):
     return path
 
 
-def new_axes(ylabel):
+def new_axes(ylabel, xlabel="epoch"):
     figure = Figure(figsize=(7, 4), layout="constrained")
     axes = figure.subplots()
-    axes.set_xlabel("epoch")
+    axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)
     return figure, axes
@@ -119,6 +121,27 @@ def time_split_figure(path, steps):
     return save(figure, path)
 
 
+def rank_series(steps):
+    """[(steps, compute milliseconds)] of each rank, from the rows that carry every rank's time."""
+    rows = [row for row in steps if isinstance(row.get("rank_compute"), list)
+            and all(is_number(seconds) for seconds in row["rank_compute"])]
+    ranks = min((len(row["rank_compute"]) for row in rows), default=0)
+    return [([row["iteration"] for row in rows], [1e3 * row["rank_compute"][rank] for row in rows])
+            for rank in range(ranks)]
+
+
+def rank_time_figure(path, steps):
+    """Each rank's compute milliseconds per step (data, forward, backward) against steps."""
+    series_of_ranks = rank_series(steps)
+    if len(series_of_ranks) < 2:
+        return None
+    figure, axes = new_axes("compute per step (ms): data, forward, backward", xlabel="step")
+    for rank, (xs, ys) in enumerate(series_of_ranks):
+        axes.plot(xs, ys, label=f"rank {rank}", linewidth=0.8)
+    figure.legend(loc="outside right upper")
+    return save(figure, path)
+
+
 def plot_run(output_dir):
     """Draw the figures of a run directory; returns the paths written."""
     output_dir = Path(output_dir)
@@ -138,6 +161,7 @@ def plot_run(output_dir):
     timeline = draw_trace(trace_path) if trace_path.is_file() else None  # bad input before any file is written
     written = [line_figure(output_dir / name, ylabel, lines, sources) for name, ylabel, lines in FIGURES]
     written.append(time_split_figure(output_dir / "time_split.png", steps))
+    written.append(rank_time_figure(output_dir / "rank_step_time.png", steps))
     written.append(save(timeline, output_dir / "timeline.png") if timeline else None)
     return [path for path in written if path is not None]
 

@@ -16,6 +16,10 @@ augmentation come from (seed, epoch, index), so a resumed run — mid-epoch incl
 continues exactly where the checkpoint was taken (bit for bit on CPU with the same world size).
 SIGTERM/SIGINT finish the current step, write a checkpoint and return; a non-finite loss
 saves a diagnostic checkpoint beside the regular ones and stops with an error.
+With several ranks, every wait for the others has the watchdog's deadline
+(--collective-timeout, minidl.distributed.watchdog: the loop tells it the step and what this
+rank is doing), and each step's per-rank compute times ride on the step's decision collective
+into the straggler statistics (minidl.training.stragglers) of steps.jsonl and metrics.jsonl.
 
 GPU only: `--amp` computes the activations in bf16 (minidl.amp); with `--cuda-graph` a
 single-process SGD run replays each step from a CUDA graph, its loss checked every
@@ -30,6 +34,7 @@ import time
 from minidl import amp, distributed, environment, kernels
 from minidl.backend import on_gpu, synchronize
 from minidl.checkpoint import CheckpointDir
+from minidl.distributed import watchdog
 from minidl.distributed.grid import bucket_sizes
 from minidl.errors import UserError
 from minidl.training.build import agree_on_kernel_plans, build_model, build_optimizer, build_schedule
@@ -41,6 +46,7 @@ from minidl.training.position import EpochTotals, Position
 from minidl.training.preemption import StopRequest
 from minidl.training.state import RunState, adopt_checkpoint_batches, find_resume_point
 from minidl.training.steps import EagerStep, GraphedTrainStep
+from minidl.training.stragglers import Stragglers
 from minidl.training.timer import StepTimer
 from minidl.training.trace import RunTrace
 
@@ -68,6 +74,7 @@ class Trainer:
             amp.enable(self.model, self.optimizer)
         self.reducer = distributed.GradientReducer(self.allreduce, self.optimizer.flat, config.bucket_mb)
         self.position, self.totals = Position(), EpochTotals()
+        self.stragglers = Stragglers() if comm.size > 1 else None
         self.graphs_wanted = self._graphs_possible()
         self.timer = StepTimer((lambda: None) if self.graphs_wanted else synchronize)  # a graph never waits
         self.eager = EagerStep(self.model, self.optimizer, self.reducer, self.timer, self.totals,
@@ -97,12 +104,23 @@ class Trainer:
             return False
         return True
 
-    def any_rank(self, *flags):
+    def any_rank(self, *flags, timing=()):
         """For each flag, whether it is true on any rank: decisions that change the collectives
-        every rank makes (stop now, save now) must be the same on all of them. Collective."""
-        if self.comm.size > 1:
-            flags = self.comm.sum(flags) > 0
-        return tuple(bool(flag) for flag in flags)
+        every rank makes (stop now, save now) must be the same on all of them. Collective.
+        `timing`, this rank's (compute, wait) seconds of the step, rides along to the straggler
+        statistics: every rank's in the same one small collective."""
+        if self.comm.size == 1:
+            return tuple(bool(flag) for flag in flags)
+        rows = self.comm.allgather_values([*flags, *timing])
+        if timing:
+            self.stragglers.add(rows[:, len(flags):])
+        return tuple(bool(flag) for flag in rows[:, :len(flags)].any(axis=0))
+
+    def step_timing(self):
+        """This rank's (compute, wait) seconds of the step so far: data, forward and backward;
+        the exposed wait for the reduction."""
+        phases = self.timer.this_step
+        return phases["data"] + phases["forward"] + phases["backward"], phases["allreduce"]
 
     def plan(self, epoch):
         plan = self.schedule.batches.plan(epoch, self.comm.size, self.config.max_per_rank_batch)
@@ -128,6 +146,7 @@ class Trainer:
         return self.graphed
 
     def save_checkpoint(self, diagnostic=False):
+        watchdog.doing("checkpoint")
         self.step.settle()
         return self.state.save(self.position, self.totals, diagnostic)
 
@@ -149,20 +168,25 @@ class Trainer:
         window_start, window_images = time.perf_counter(), 0
         bar = self.outputs.progress_bar(position.epoch, config.epochs, steps, position.step)
         while position.step < steps:
+            watchdog.at_step(position.iteration + 1)
             if self.trace is not None:
                 self.trace.step_starting(position.iteration + 1)
             step.begin(self.schedule(position.epoch + position.step / steps))
             for k in range(plan.accum_steps):
+                watchdog.doing("data")
                 images, labels = next(batches)
                 self.timer.mark("data")
                 if len(labels):  # else every image of the batch was undecodable
                     with naming_the_batch(plan.micro_batch):
                         step.micro_batch(images, labels, last=k == plan.accum_steps - 1)
             logged = (position.step + 1) % config.print_freq == 0 or position.step + 1 == steps
-            nonfinite, stopping = self.any_rank(step.end(check=logged), stop.requested is not None)
+            watchdog.doing("decision")
+            nonfinite, stopping = self.any_rank(step.end(check=logged), stop.requested is not None,
+                                                timing=self.step_timing() if self.stragglers else ())
             self.totals.skipped = skipped_before + loader.skipped
             if nonfinite:
                 self.stop_for_nonfinite_loss()
+            watchdog.doing("update")
             step.update()
             self.timer.mark("optimizer")
             self.timer.end_step()
@@ -197,7 +221,7 @@ class Trainer:
         totals = self.comm.sum([self.totals.loss_sum, self.totals.images])
         record = {"iteration": self.position.iteration, "epoch": self.position.epoch + self.position.step / steps,
                   "loss": totals[0] / max(totals[1], 1), "lr": self.optimizer.lr, "global_batch": plan.global_batch,
-                  "img_per_s": images_per_sec, **split}
+                  "img_per_s": images_per_sec, **split, **(self.stragglers.report() if self.stragglers else {})}
         self.outputs.steps(bar, record)
 
     def finish_epoch(self, seconds):
@@ -209,7 +233,8 @@ class Trainer:
                    "train_skipped": int(skipped)}
         split = self.timer.epoch_report()
         if self.comm.size > 1:  # rank 0's communication per step: the wait after backward, and all of it
-            metrics.update(allreduce_seconds=split["allreduce"], communication_seconds=split.get("communication", 0.0))
+            metrics.update(allreduce_seconds=split["allreduce"], communication_seconds=split.get("communication", 0.0),
+                           **self.stragglers.epoch_report())
         with naming_the_batch(plan.micro_batch):
             metrics.update(self.evaluate() if self.trace is None else self.trace.around_evaluation(self.evaluate))
         self.position.next_epoch()
@@ -234,6 +259,7 @@ def run(config):
         trainer.resume(resume_point)
     outputs, position = trainer.outputs, trainer.position
     ranks = comm.allgather_object({"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid()})
+    watchdog.arm(comm, config.collective_timeout, config.stall_warning, ranks)
     grid = {"torus_grid": trainer.grid.to_dict()} if trainer.grid else {}
     outputs.start({**config.to_dict(), "environment": environment.record(), **grid}, ranks, position)
     outputs.banner(config, f"{trainer.model.num_parameters():,} parameters",

@@ -116,3 +116,19 @@ def test_usage(capsys):
     assert code == 2 and err.startswith("usage: python -m minidl.plot OUTDIR")
     code, out, _ = run_main(capsys, ["--help"])
     assert code == 0 and "metrics.jsonl" in out
+
+
+def test_per_rank_step_time_is_drawn_against_steps_for_several_ranks(tmp_path):
+    rows = [dict(row, rank_compute=[0.1, 0.1 + 0.01 * row["iteration"], 0.2]) for row in steps_rows(5)]
+    write_lines(tmp_path / "metrics.jsonl", metrics_rows())
+    write_lines(tmp_path / "steps.jsonl", rows + [{"iteration": 6, "epoch": 0.6, "rank_compute": [0.1, "x", 0.2]}])
+    assert plot.rank_series(plot.read_jsonl(tmp_path / "steps.jsonl", "iteration")) == [
+        ([1, 2, 3, 4, 5], [100.0] * 5), ([1, 2, 3, 4, 5], [1e3 * (0.1 + 0.01 * i) for i in range(1, 6)]),
+        ([1, 2, 3, 4, 5], [200.0] * 5)]
+    assert "rank_step_time.png" in [p.name for p in plot.plot_run(tmp_path)]
+    assert_valid_png(tmp_path / "rank_step_time.png")
+    one_rank = tmp_path / "one"
+    one_rank.mkdir()
+    write_lines(one_rank / "metrics.jsonl", metrics_rows())
+    write_lines(one_rank / "steps.jsonl", [dict(row, rank_compute=[0.1]) for row in steps_rows(3)])
+    assert "rank_step_time.png" not in [p.name for p in plot.plot_run(one_rank)]

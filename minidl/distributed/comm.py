@@ -6,7 +6,10 @@ It wraps an mpi4py communicator (MPI.COMM_WORLD for the world) and adds:
   `MINIDL_RANKS_PER_NODE` consecutive ranks, which lets one machine pose as several nodes
   in tests; `local_rank` is the rank within the node (it selects the GPU);
 - collectives on contiguous arrays, SUM where they reduce: `allreduce` (in place), `reduce_scatter`,
-  `allgather`, `bcast`, and `start(op, src, dst)`, the same operations without blocking;
+  `allgather`, `bcast`, and `start(op, src, dst)`, the same operations without blocking; a few
+  numbers (`sum`, `allgather_values`) and Python objects (`allgather_object`, `gather_object`);
+- with the watchdog armed (minidl.distributed.watchdog), every wait has its deadline: blocking
+  calls become non-blocking ones waited for within it, objects travel as pickled bytes;
 - the transport: NumPy arrays always travel over MPI; CuPy arrays over NCCL with
   backend="nccl", else over MPI (directly when MPI is CUDA-aware, else staged through host);
 - `split` and `dup`, which give sub-communicators with the same backend (with NCCL, each
@@ -20,20 +23,23 @@ called by every rank of the group in the same order; the MPI standard demands it
 """
 import functools
 import os
+import pickle
 import sys
+import time
 
 import numpy
 
 from minidl import environment
 from minidl.backend import on_gpu, select_device
-from minidl.distributed import watcher
+from minidl.distributed import watchdog, watcher
 from minidl.distributed.launch import check_world_size, launched_by_mpi, load_mpi
 from minidl.distributed.mpi_transport import MpiTransport
-from minidl.distributed.nccl_transport import NcclTransport
+from minidl.distributed.nccl_transport import NcclTransport, abort_nccl
 from minidl.errors import UserError
 
 BACKENDS = ("mpi", "nccl")
 OPERATIONS = ("allreduce", "reduce_scatter", "allgather", "bcast")
+FORWARD_SECONDS, ABORT_PAUSE_SECONDS = 0.5, 5
 
 
 class Communicator:
@@ -141,9 +147,14 @@ class Communicator:
         return transport.start(op, src, dst, root) if transport is not None else DONE
 
     def run(self, op, src, dst, root=0):
-        """Collective `op` as `start` describes it, blocking until it is complete."""
+        """Collective `op` as `start` describes it, blocking until it is complete (within the
+        watchdog's deadline where one is armed)."""
         transport = self._transport(op, src, dst)
-        if transport is not None:
+        if transport is None:
+            return
+        if watchdog.armed():
+            transport.start(op, src, dst, root).wait()
+        else:
             transport.run(op, src, dst, root)
 
     def _transport(self, op, src, dst):
@@ -169,26 +180,64 @@ class Communicator:
         self.allreduce(total)
         return total
 
+    def allgather_values(self, values):
+        """Every rank's few numbers, as a float64 NumPy array of one row per rank."""
+        mine = numpy.array(values, dtype=numpy.float64).reshape(-1)
+        rows = numpy.empty((self.size, mine.size))
+        self.allgather(mine, rows.reshape(-1))
+        return rows
+
     def allgather_object(self, value):
         """Every rank's `value` (any picklable object), in rank order."""
-        return self.mpi.allgather(value) if self.size > 1 else [value]
+        if self.size == 1:
+            return [value]
+        if not watchdog.armed():
+            return self.mpi.allgather(value)
+        # MPI has no non-blocking collectives of Python objects: the pickles' sizes, then their bytes
+        mine = numpy.frombuffer(pickle.dumps(value), numpy.uint8)
+        sizes = numpy.empty(self.size, numpy.int64)
+        self._wait(self.mpi.Iallgather(numpy.array([mine.size], numpy.int64), sizes))
+        offsets = numpy.concatenate([[0], numpy.cumsum(sizes)])
+        everyone = numpy.empty(offsets[-1], numpy.uint8)
+        self._wait(self.mpi.Iallgatherv(mine, [everyone, (sizes.tolist(), offsets[:-1].tolist()),
+                                               load_mpi().BYTE]))
+        return [pickle.loads(everyone[start:stop].tobytes()) for start, stop in zip(offsets, offsets[1:])]
 
     def gather_object(self, value, root=0):
         """On rank `root`, every rank's `value` in rank order; None on the others."""
-        return self.mpi.gather(value, root=root) if self.size > 1 else [value]
+        if self.size == 1:
+            return [value]
+        if not watchdog.armed():
+            return self.mpi.gather(value, root=root)
+        everyone = self.allgather_object(value)
+        return everyone if self.rank == root else None
 
     def barrier(self):
-        if self.size > 1:
+        if self.size == 1:
+            return
+        if watchdog.armed():
+            self._wait(self.mpi.Ibarrier())
+        else:
             self.mpi.Barrier()
+
+    @staticmethod
+    def _wait(request):
+        """Complete an MPI request within the watchdog's deadline."""
+        watchdog.wait_for(request.Test)
 
     def abort(self, code=1):
         """End every rank of the job now with exit status `code` (stdio flushed first)."""
         sys.stdout.flush()
         sys.stderr.flush()
         watcher.disarm()  # ending on purpose: not a silent death
-        if self.mpi is None:
-            os._exit(code)
-        load_mpi().COMM_WORLD.Abort(code)
+        abort_nccl()  # no kernel left waiting on a peer (ncclCommAbort)
+        if self.mpi is not None:
+            time.sleep(FORWARD_SECONDS)  # the launcher forwards what this rank wrote before it kills
+            load_mpi().COMM_WORLD.Abort(code)
+            # MPI_Abort has asked the launcher to end every rank, and may return (MPICH's does with
+            # a second thread in MPI): the launcher's kill comes during this pause
+            time.sleep(ABORT_PAUSE_SECONDS)
+        os._exit(code)
 
 
 class _Done:

@@ -7,7 +7,8 @@ library (MPIX_Query_cuda_support, which MPICH and Open MPI export); MINIDL_CUDA_
 overrides the answer.
 
 Blocking calls use MPI's blocking collectives (its tuned algorithms); `start` uses the
-non-blocking ones (MPI-3), which progress whenever the process enters MPI (`test`, `wait`).
+non-blocking ones (MPI-3), which progress whenever the process enters MPI (`test`, `wait`);
+with the watchdog armed (minidl.distributed.watchdog), `wait` tests against its deadline.
 """
 import ctypes
 import functools
@@ -15,6 +16,7 @@ import functools
 import numpy
 
 from minidl import environment
+from minidl.distributed import watchdog
 from minidl.distributed.launch import load_mpi
 
 
@@ -84,9 +86,13 @@ class MpiRequest:
         return self.copy_back is None
 
     def wait(self):
-        if self.copy_back is not None:
+        if self.copy_back is None:
+            return
+        if watchdog.armed():
+            watchdog.wait_for(self.request.Test)
+        else:
             self.request.Wait()
-            self._finish()
+        self._finish()
 
     def _finish(self):
         copy_back, self.copy_back = self.copy_back, None

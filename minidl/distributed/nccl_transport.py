@@ -10,8 +10,15 @@ that stream wait for the work queued so far on the current (compute) stream, so 
 finished gradients; the collectives queued on the shared stream then run in the order they
 were started, which keeps a chain such as reduce-scatter -> all-reduce -> all-gather in order
 without host synchronization, and lets backward continue on the compute stream meanwhile.
-`wait()` makes the compute stream wait for the collective; the host never blocks.
+`wait()` makes the compute stream wait for the collective; the host never blocks, except with
+the watchdog armed (minidl.distributed.watchdog): then the host polls the collective's event
+against the deadline first, and `abort_nccl()` aborts every NCCL communicator of the process
+(ncclCommAbort) before the job ends, so no kernel is left waiting for a stopped peer. The
+watchdog's part of this file has never run on a GPU.
 """
+from minidl.distributed import watchdog
+
+_communicators = []  # every NCCL communicator this process joined, for abort_nccl
 
 
 def _default_nccl():
@@ -30,6 +37,7 @@ class NcclTransport:
         unique_id = self.nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
         unique_id = mpi_comm.bcast(unique_id, root=0)
         self.comm = self.nccl.NcclCommunicator(mpi_comm.Get_size(), unique_id, mpi_comm.Get_rank())
+        _communicators.append(self.comm)
 
     def for_group(self, mpi_comm):
         """The transport of a sub-group (a new NCCL communicator on the same stream)."""
@@ -73,4 +81,12 @@ class NcclRequest:
 
     def wait(self):
         import cupy
+        if watchdog.armed():
+            watchdog.wait_for(self.done.query)
         cupy.cuda.get_current_stream().wait_event(self.done)
+
+
+def abort_nccl():
+    """Abort every NCCL communicator of this process (the job is ending; kernels stop waiting)."""
+    while _communicators:
+        _communicators.pop().abort()

@@ -26,6 +26,8 @@ float rounding, bit for bit with two ranks.)
 import functools
 import time
 
+from minidl.distributed import watchdog
+
 MEGABYTE = 1 << 20
 
 
@@ -165,6 +167,8 @@ class GradientReducer:
         not happen while backward still has work to queue."""
         for k in range(self._launched):
             plan, earlier = self.plans[k], self.plans[k - 1] if k else None
+            if block:
+                watchdog.doing(f"bucket {k}")
             while plan.ready(block) and plan.stages_left:
                 if earlier is not None and earlier.next <= plan.next:
                     break  # the previous bucket must start this stage first

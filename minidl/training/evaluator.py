@@ -9,6 +9,7 @@ import numpy
 
 from minidl.autograd import no_grad
 from minidl.backend import to_numpy
+from minidl.distributed import watchdog
 from minidl.training.forward import forward_loss
 
 
@@ -33,6 +34,7 @@ class Evaluator:
 
     def __call__(self):
         """{val_loss, val_top1, val_top5, val_skipped} over all ranks (collective)."""
+        watchdog.doing("eval")
         self.average_bn_statistics()
         self.optimizer.flat.refresh_bf16_copy()  # --amp: once per evaluation, not per batch
         self.model.eval()

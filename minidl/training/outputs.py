@@ -5,7 +5,8 @@ every method does nothing (the progress bar is disabled).
     ranks.json      rank -> host and PID (a launcher reports a dead process by its PID)
     metrics.jsonl   one object per epoch
     steps.jsonl     every --print-freq steps: loss, rate, img/s, the step's time split and, with
-                    several ranks, its communication
+                    several ranks, its communication and the spread of the ranks' compute time
+                    (minidl.training.stragglers; the epoch's also names a straggler)
     autotune.json   on a GPU: the kernel validation, the convolution plans the autotuner chose and
                     every candidate's status, time and error vs v1 (minidl.kernels.autotune)
     summary.json    the final epoch, model, epochs, world size, global batch, wall time
@@ -37,6 +38,12 @@ def summary_line(metrics, epochs):
     if "communication_seconds" in metrics:
         line += (f"  all-reduce {1e3 * metrics['communication_seconds']:.0f} ms/step, "
                  f"{1e3 * metrics['allreduce_seconds']:.0f} ms exposed")
+    if metrics.get("straggler") is not None:
+        rank = metrics["straggler"]
+        line += (f"  straggler: rank {rank}, >= 20% slower than the others' median in "
+                 f"{100 * metrics['straggler_share']:.0f}% of steps ({1e3 * metrics['rank_compute'][rank]:.0f} ms "
+                 f"against a median {1e3 * metrics['compute_median']:.0f} ms; the others waited "
+                 f"{1e3 * metrics['straggler_wait']:.0f} ms/step)")
     skipped = metrics["train_skipped"] + metrics["val_skipped"]
     return line + (f"  ({skipped} undecodable images skipped)" if skipped else "")
 

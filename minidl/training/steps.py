@@ -16,6 +16,7 @@ and the eager step's reduction, from its first bucket's launch to its end, as "c
 """
 import math
 
+from minidl.distributed import watchdog
 from minidl.training.device_step import DeviceStep
 from minidl.training.forward import forward_loss
 from minidl.training.graph import GraphedStep
@@ -39,8 +40,10 @@ class EagerStep:
         self.nonfinite = False
 
     def micro_batch(self, images, labels, last):
+        watchdog.doing("forward")
         _, loss = forward_loss(self.model, images, labels, self.label_smoothing)
         self.timer.mark("forward")
+        watchdog.doing("backward")
         self.reducer.backward(loss) if last else loss.backward()
         self.timer.mark("backward")
         value = float(loss.data)

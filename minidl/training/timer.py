@@ -10,7 +10,8 @@ The "allreduce" phase is the wait for the gradient reduction after backward has 
 communication the step was exposed to. `add_since("communication", start)` charges the time
 from `start` to the last mark to a quantity that is no phase (it overlaps them): the whole
 communication, from the first bucket's launch to the reduction's end; the reports then carry
-it too. An `observer` (None by default) hears of `started()` and each `marked(phase)`.
+it too. `this_step` holds the current step's seconds per phase. An `observer` (None by
+default) hears of `started()` and each `marked(phase)`.
 """
 import time
 
@@ -32,11 +33,13 @@ class StepTimer:
         self.synchronize = synchronize
         self.recent, self.epoch = Sums(), Sums()
         self.last = None
+        self.this_step = {}
         self.observer = None
 
     def start(self):
         self.synchronize()
         self.last = time.perf_counter()
+        self.this_step = dict.fromkeys(PHASES, 0.0)
         if self.observer is not None:
             self.observer.started()
 
@@ -44,6 +47,7 @@ class StepTimer:
         self.synchronize()
         now = time.perf_counter()
         self._add(phase, now - self.last)
+        self.this_step[phase] = self.this_step.get(phase, 0.0) + now - self.last
         self.last = now
         if self.observer is not None:
             self.observer.marked(phase)

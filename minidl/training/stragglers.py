@@ -1,0 +1,69 @@
+"""Which rank holds the others up: the spread of per-rank compute time, step by step.
+
+Each step, every rank's compute seconds (data wait, forward and backward: the work before the
+gradient exchange) and its exposed wait for the reduction reach every rank in the step's one
+collective decision (Trainer.any_rank), so this costs no message of its own. `add(rows)`
+takes them; `report()` (steps.jsonl, every --print-freq steps) and `epoch_report()`
+(metrics.jsonl) give, as means over their steps:
+
+    compute_fastest, compute_median, compute_slowest   seconds of compute per step over the ranks
+    rank_compute        each rank's own compute seconds per step (rank order)
+    rank_wait           each rank's exposed wait for the gradient reduction per step
+    slowest_rank        the rank that was slowest in most steps, and slowest_share of the steps
+    straggler_wait      what the slowest cost the others: the mean over the other ranks of
+                        (slowest - their compute), seconds per step
+
+and the epoch also `straggler`: the rank that was at least SLOWER times the median of the
+OTHER ranks in more than half of the epoch's steps (None if none), with straggler_share, that
+fraction of steps. The median of the others, not of all: with two ranks the median of all is
+their mean, which a rank 1.2 times the other never exceeds by 20%.
+"""
+import numpy
+
+SLOWER = 1.2
+
+
+class Steps:
+    """The per-rank times of the steps since the last report."""
+
+    def __init__(self):
+        self.compute, self.wait = [], []
+
+    def report(self, epoch):
+        compute, wait = numpy.array(self.compute), numpy.array(self.wait)
+        if not len(compute):
+            return {}
+        steps, size = compute.shape
+        slowest = compute.max(axis=1)
+        counts = numpy.bincount(compute.argmax(axis=1), minlength=size)
+        record = {"compute_fastest": compute.min(axis=1).mean(), "compute_median": numpy.median(compute, axis=1).mean(),
+                  "compute_slowest": slowest.mean(), "rank_compute": compute.mean(axis=0).tolist(),
+                  "rank_wait": wait.mean(axis=0).tolist(), "slowest_rank": int(counts.argmax()),
+                  "slowest_share": counts.max() / steps,
+                  "straggler_wait": ((size * slowest - compute.sum(axis=1)) / (size - 1)).mean()}
+        if epoch:
+            others = numpy.array([numpy.median(numpy.delete(compute, r, axis=1), axis=1) for r in range(size)]).T
+            share = (compute >= SLOWER * others).mean(axis=0)
+            record.update(straggler=int(share.argmax()) if share.max() > 0.5 else None, straggler_share=share.max())
+        return {name: float(value) if isinstance(value, numpy.floating) else value for name, value in record.items()}
+
+
+class Stragglers:
+    def __init__(self):
+        self.recent, self.epoch = Steps(), Steps()
+
+    def add(self, rows):
+        """One step's (compute, wait) seconds of every rank, one row per rank."""
+        for steps in (self.recent, self.epoch):
+            steps.compute.append(rows[:, 0])
+            steps.wait.append(rows[:, 1])
+
+    def report(self):
+        """The steps since the last report (and start a new window); {} when there were none."""
+        report, self.recent = self.recent.report(epoch=False), Steps()
+        return report
+
+    def epoch_report(self):
+        """The steps since the last epoch report, with the epoch's straggler."""
+        report, self.epoch = self.epoch.report(epoch=True), Steps()
+        return report

@@ -1,0 +1,227 @@
+"""Faults under mpiexec: a stopped rank is named and the job ends by itself with its last checkpoint
+intact and resumable; a slowed rank is named the straggler; the watchdog changes no result.
+
+Two ranks train ResNet-20 at 16 px on a small embedded dataset with short deadlines. A rank is
+stopped (SIGSTOP) at the phase a test wants without any hook in the product: the test stops it
+and reads the stall warning, which says what the rank was last seen doing; where that is not the
+phase, it continues the rank (SIGCONT) and tries again. For evaluation it stops the rank as
+steps.jsonl shows the epoch's last step."""
+import json
+import os
+import queue
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from minidl.checkpoint import CheckpointDir
+from minidl.data import make_embedded_dataset
+from minidl.distributed import Communicator, watchdog
+from minidl.distributed.watchdog import GRACE_SECONDS
+from mpi import launch
+
+TIMEOUT, WARNING = 8, 3
+FLAGS = ["--model", "resnet20", "-b", 8, "--train-crop-size", 16, "--val-crop-size", 16, "--val-resize-size", 16,
+         "--augment", "none", "--print-freq", 1]
+DEADLINES = ["--collective-timeout", TIMEOUT, "--stall-warning", WARNING]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_embedded_dataset(tmp_path_factory.mktemp("embedded") / "data", train_per_class=16, val_per_class=24)
+
+
+@pytest.fixture
+def start_job():
+    """Job(...) that is killed, with every rank, when the test ends however it ends."""
+    jobs = []
+    yield lambda *args: jobs.append(Job(*args)) or jobs[-1]
+    for job in jobs:
+        if job.process.poll() is None:
+            job.kill()
+
+
+class Job:
+    """A training run of two ranks in the background, its stderr read line by line as it comes."""
+
+    def __init__(self, data, output_dir, *flags):
+        self.output_dir = output_dir
+        self.process = launch.start("minidl.train", 2, "--data-path", data, "--output-dir", output_dir, *FLAGS,
+                                    *flags)
+        self.lines, self.err, self.out = queue.Queue(), [], []
+        threading.Thread(target=self._read, args=(self.process.stderr, self.err, self.lines), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.process.stdout, self.out, None), daemon=True).start()
+
+    @staticmethod
+    def _read(stream, kept, lines):
+        for line in stream:
+            kept.append(line)
+            if lines is not None:
+                lines.put(line)
+
+    def wait_until(self, condition, seconds, what):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            value = condition()
+            if value:
+                return value
+            assert self.process.poll() is None, f"the job ended before {what}\n{self.output()}"
+            time.sleep(0.005)
+        self.kill()
+        pytest.fail(f"no {what} within {seconds} s\n{self.output()}")
+
+    def ranks(self):
+        path = self.output_dir / "ranks.json"
+        return self.wait_until(lambda: path.exists() and json.loads(path.read_text()), 60, "ranks.json")
+
+    def steps(self):
+        path = self.output_dir / "steps.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def line_naming(self, rank, pid, seconds):
+        """The next stderr line that names `rank` by its pid, or None within `seconds`."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                return None
+            if f"rank {rank} (pid {pid} " in line:
+                return line
+        return None
+
+    def end(self, seconds):
+        try:
+            return self.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the job still ran {seconds} s later\n{self.output()}")
+
+    def kill(self):
+        """SIGKILL the launcher's session: mpiexec, its proxies and the ranks (stopped or not)."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def output(self):
+        time.sleep(0.2)  # the readers' last lines
+        return "".join(self.out)[-3000:] + "\n" + "".join(self.err)[-3000:]
+
+
+def epoch_ended(job, seen):
+    """A trigger: true once steps.jsonl shows a new epoch's last step (evaluation follows)."""
+    ends = [s["iteration"] for s in job.steps() if float(s["epoch"]).is_integer()]
+    if ends and ends[-1] not in seen:
+        seen.add(ends[-1])
+        return True
+    return False
+
+
+def stop_in(job, rank, phase, trigger=None, attempts=25):
+    """Stop `rank` while it is in `phase`, as the stall warning reports it; (pid, time of the stop)."""
+    pid = job.ranks()[rank]["pid"]
+    job.wait_until(lambda: len(job.steps()) >= 4, 60, "four steps")
+    seen = set()
+    for _ in range(attempts):
+        if trigger is None:
+            time.sleep(random.uniform(0.05, 0.4))
+        else:
+            job.wait_until(lambda: trigger(job, seen), 60, "the trigger")
+        while not job.lines.empty():
+            job.lines.get()
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        line = job.line_naming(rank, pid, WARNING + 10)
+        assert line is not None, f"no stall warning named rank {rank} (pid {pid})\n{job.output()}"
+        if re.search(rf"stopped: no heartbeat for [\d.]+ s, last seen (waiting )?in {phase} ", line):
+            return pid, stopped_at
+        os.kill(pid, signal.SIGCONT)
+    job.kill()
+    pytest.fail(f"rank {rank} was never caught in {phase} in {attempts} tries\n{job.output()}")
+
+
+def assert_gone(pid):
+    """MPI_Abort ended the stopped rank too."""
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"the stopped rank (pid {pid}) outlived the job")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank, phase, every", [(1, "backward", 3), (0, "checkpoint", 1), (1, "eval", 3)])
+def test_a_stopped_rank_is_named_the_job_ends_and_resumes_from_its_last_checkpoint(start_job, data, tmp_path, rank,
+                                                                                   phase, every):
+    job = start_job(data, tmp_path, "--epochs", 40, "--checkpoint-every", every, *DEADLINES)
+    host = job.ranks()[rank]["host"]
+    pid, stopped_at = stop_in(job, rank, phase, trigger=epoch_ended if phase == "eval" else None)
+    status = job.end(TIMEOUT + GRACE_SECONDS + 30)
+    seconds = time.monotonic() - stopped_at
+    err = "".join(job.err)
+    assert status != 0, job.output()
+    named = re.search(rf"minidl: collective timeout \(--collective-timeout {TIMEOUT}\): rank {1 - rank} has waited "
+                      rf"[\d.]+ s in (\S+ ?\d*) at step (\d+); stalled: rank {rank} \(pid {pid} on {host}; stopped: "
+                      rf"no heartbeat for [\d.]+ s, last seen (waiting )?in {phase} at step (\d+)\); aborting the job", err)
+    assert named, job.output()
+    assert seconds < TIMEOUT + 30, f"the job ended {seconds:.1f} s after the stop"
+    print(f"\nrank {rank} stopped in {phase}: the job ended {seconds:.1f} s after the stop; {named[0]}")
+    assert_gone(pid)
+
+    path, _, meta = CheckpointDir(tmp_path, 3).load_latest(warn=pytest.fail)  # loads, its SHA-256 checked
+    resumed = launch.run("minidl.train", 2, "--data-path", data, "--output-dir", tmp_path, *FLAGS, *DEADLINES,
+                         "--checkpoint-every", every, "--epochs", meta["epoch"] + 1, "--resume", "auto", timeout=120)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert f"resumed from {path} at epoch {meta['epoch'] + 1}, step {meta['step']}" in resumed.stdout
+    epochs = [json.loads(line)["epoch"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == list(range(1, meta["epoch"] + 2))
+
+
+@pytest.mark.slow
+def test_a_rank_slowed_by_stops_is_named_the_straggler(start_job, data, tmp_path):
+    job = start_job(data, tmp_path, "--epochs", 3)
+    pid = job.ranks()[1]["pid"]
+    job.wait_until(lambda: len(job.steps()) >= 2, 60, "two steps")
+    try:
+        while job.process.poll() is None:  # stopped two thirds of the time
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.04)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.02)
+    except ProcessLookupError:  # the rank has ended, the launcher not yet
+        pass
+    assert job.end(5) == 0, job.output()
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    last = metrics[-1]
+    assert last["straggler"] == 1 and last["straggler_share"] > 0.5, last
+    assert last["rank_compute"][1] > 1.2 * last["rank_compute"][0] and last["straggler_wait"] > 0, last
+    assert "straggler: rank 1, >= 20% slower than the others' median" in "".join(job.out).splitlines()[-2]
+    windows = [s for s in job.steps() if s["epoch"] > 2]
+    assert sum(s["slowest_rank"] == 1 for s in windows) > len(windows) / 2
+    print(f"\nslowed rank 1: {', '.join(f'{k} {last[k]}' for k in sorted(last) if 'compute' in k or 'strag' in k)}")
+
+
+@pytest.mark.slow
+def test_the_watchdog_changes_no_result(data, tmp_path):
+    losses = []
+    for name, deadlines in (("on", DEADLINES), ("off", ["--collective-timeout", 0, "--stall-warning", 0])):
+        done = launch.run("minidl.train", 2, "--data-path", data, "--output-dir", tmp_path / name, *FLAGS,
+                          "--epochs", 1, *deadlines, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        metrics = json.loads((tmp_path / name / "metrics.jsonl").read_text())
+        losses.append((metrics["train_loss"], metrics["val_loss"]))
+    assert losses[0] == losses[1]
+
+
+def test_one_rank_arms_nothing_and_its_waits_need_none():
+    watchdog.arm(Communicator(), 600, 60, [{"rank": 0, "host": "here", "pid": os.getpid()}])
+    assert not watchdog.armed()
+    watchdog.doing("forward")  # a no-op
+    with pytest.raises(RuntimeError):
+        watchdog.wait_for(lambda: False)
