@@ -14,8 +14,8 @@ import numpy
 
 from minidl.bench.kernels import resnet50_convs
 from minidl.errors import UserError
+from minidl.fileio import writable, write_json_atomic
 from minidl.kernels.conv_v2 import PASSES
-from minidl.fileio import write_json_atomic
 
 
 
@@ -25,6 +25,8 @@ def parse_args(argv):
     p.add_argument("--modes", default="bf16", help="comma-separated: bf16, tf32")
     p.add_argument("--json", help="write every timing and choice here")
     args = p.parse_args(argv)
+    if args.json:  # before measuring, not after
+        writable("--json", args.json)
     try:
         args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
