@@ -35,6 +35,9 @@ from minidl.fileio import write_bytes_atomic
 FORMAT = "minidl-checkpoint"
 FORMAT_VERSION = 1
 REGULAR_NAME = re.compile(r"checkpoint-e(\d+)-i(\d+)\.h5")
+# the flat parameter and momentum buffers: their zero padding past the parameters depends on
+# the grid of ranks (the all-reduce's alignment), so they restore into any padded length
+FLAT_BUFFERS = ("optimizer/params", "optimizer/momentum")
 UNREADABLE_FIX = "resume from an older checkpoint of the same run or start a new --output-dir"
 
 
@@ -96,7 +99,8 @@ def load_checkpoint(path):
     when it is missing, not HDF5, truncated, corrupt (checksum) or of another format version."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist: pass the path of a checkpoint-*.h5 file "
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise UserError(f"checkpoint {path} {what}: pass the path of a checkpoint-*.h5 file "
                         "(or --resume auto for the newest one in --output-dir)")
     try:
         with h5py.File(path, "r") as f:
@@ -130,7 +134,7 @@ def training_state(model, optimizer):
     """(arrays, meta) to put in a checkpoint: the flat parameter and momentum buffers, every
     buffer of the model (BN running statistics), and the optimizer's scalar state. The arrays
     are the live ones, not copies; `save_checkpoint` copies them to the host."""
-    arrays = {"optimizer/params": optimizer.flat.data, "optimizer/momentum": optimizer.velocity}
+    arrays = dict(zip(FLAT_BUFFERS, (optimizer.flat.data, optimizer.velocity)))
     arrays.update((f"buffers/{name}", array) for name, array in model.named_buffers())
     # an update with the rate inside the momentum rescales it when the rate changes
     meta = {"optimizer": type(optimizer).__name__, "parameter_count": model.num_parameters(),
@@ -145,15 +149,30 @@ def restore_training_state(path, arrays, meta, model, optimizer):
         raise UserError(f"checkpoint {path} was written with optimizer {meta.get('optimizer')}, this run "
                         f"uses {type(optimizer).__name__}: resume with the same --opt or start a new --output-dir")
     targets, _ = training_state(model, optimizer)
+    used = optimizer.flat.size
     for name, target in targets.items():
         found = arrays.get(name)
-        if found is None or found.shape != target.shape or found.dtype != target.dtype:
+        if found is None or not _fits(name, found, target, used):
             what = "lacks" if found is None else f"has {found.dtype}{list(found.shape)} for"
             raise UserError(f"checkpoint {path} {what} {name} ({target.dtype}{list(target.shape)} expected): "
                             "resume with the same --model and dataset or start a new --output-dir")
     for name, target in targets.items():
-        target[...] = get_array_module(target).asarray(arrays[name])
+        found = get_array_module(target).asarray(arrays[name])
+        if found.shape == target.shape:
+            target[...] = found
+        else:  # a flat buffer padded for another grid of ranks
+            target[:used], target[used:] = found[:used], 0
     optimizer.previous_lr = meta.get("previous_lr")
+
+
+def _fits(name, found, target, used):
+    """Whether the array `found` restores into `target`: the same dtype and shape, or for a flat
+    buffer padded for another grid of ranks, the `used` elements followed by zeros."""
+    if found.dtype != target.dtype:
+        return False
+    if found.shape == target.shape:
+        return True
+    return name in FLAT_BUFFERS and found.ndim == 1 and len(found) >= used and not found[used:].any()
 
 
 # --- the checkpoints of one output directory -------------------------------------------------

@@ -1,9 +1,12 @@
 """Files that survive crashes: whole-file writes are atomic (temp file, fsync, rename), so a
-reader sees the old version or the new one, never half of either."""
+reader sees the old version or the new one, never half of either. And whether a path a user
+gave can be written, asked before the work whose results go there."""
 import json
 import os
 import tempfile
 from pathlib import Path
+
+from minidl.errors import UserError
 
 
 def write_bytes_atomic(path, data):
@@ -37,3 +40,31 @@ def append_json_line(path, obj):
         f.write(json.dumps(obj) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def why_not_writable(path, folder=False):
+    """Why no file can be written at `path` (with `folder`: into the folder `path`), in a few
+    words; None where one can. The folder is made, with its parents, where it is missing, and
+    a probe file made in it and removed: os.access cannot tell for root or a read-only mount."""
+    path = Path(path)
+    into = path if folder else path.parent
+    if not folder and path.is_dir():
+        return "is a folder"
+    existing = next(ancestor for ancestor in (into, *into.parents) if ancestor.exists())
+    if not existing.is_dir():
+        return "is a file" if existing == path else f"is inside {existing}, which is a file"
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=into).close()
+    except OSError as error:
+        return f"cannot be written ({error.strerror})"
+    return None
+
+
+def writable(flag, path, folder=False):
+    """`path` as a Path where `why_not_writable` finds nothing wrong; else a UserError naming
+    the flag that gave it, the problem and the fix."""
+    reason = why_not_writable(path, folder)
+    if reason:
+        raise UserError(f"{flag} {path} {reason}: choose a {'folder' if folder else 'file'} you can write to")
+    return Path(path)

@@ -75,40 +75,26 @@ def print_schedule(config, world_size, dataset_size):
 
 
 def main(argv=None, prog="minidl-train"):
-    from minidl.errors import UserError
-    try:  # imports inside: choosing the device (MINIDL_DEVICE) can itself be a user error
-        from minidl.config import Config
-        args = vars(build_parser(prog).parse_args(argv))
-        schedule_only, world_size, dataset_size = (args.pop(k) for k in ("print_schedule", "world_size", "dataset_size"))
-        config = Config(**args)
-        if schedule_only:
-            print_schedule(config, world_size, dataset_size)
-            return 0
-        from minidl.trainer import TrainingStopped, run
-        try:
-            run(config)
-        except TrainingStopped as stopped:  # every rank agreed to stop: a clean exit everywhere
-            sys.stderr.write(f"{prog}: {stopped}\n")
-            return 1
-    except UserError as error:
-        sys.stderr.write(f"{prog}: error: {error}\n")
-        end_other_ranks(2)
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted\n")
-        return 130
+    from minidl.cli import run_command
+    return run_command(prog, "minidl.train:train", argv, prog)
+
+
+def train(argv, prog):
+    """The command line's work; user errors go to run_command's handler."""
+    from minidl.config import Config
+    args = vars(build_parser(prog).parse_args(argv))
+    schedule_only, world_size, dataset_size = (args.pop(k) for k in ("print_schedule", "world_size", "dataset_size"))
+    config = Config(**args)
+    if schedule_only:
+        print_schedule(config, world_size, dataset_size)
+        return 0
+    from minidl.trainer import TrainingStopped, run
+    try:
+        run(config)
+    except TrainingStopped as stopped:  # every rank agreed to stop: a clean exit everywhere
+        sys.stderr.write(f"{prog}: {stopped}\n")
+        return 1
     return 0
-
-
-def end_other_ranks(code):
-    """A mistake found on one rank must end them all: the others may wait in a collective."""
-    from minidl.distributed import launched_by_mpi
-    if launched_by_mpi():
-        from mpi4py import MPI
-        if MPI.Is_initialized() and MPI.COMM_WORLD.Get_size() > 1:
-            from minidl.distributed import watcher
-            watcher.disarm()  # this rank has said why it ends
-            MPI.COMM_WORLD.Abort(code)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ grad_scale = 1 / (ranks × accum_steps) turns that sum into the mean over the gl
 
 A run is a pure function of its configuration and its checkpoint: data order and
 augmentation come from (seed, epoch, index), so a resumed run — mid-epoch included —
-continues exactly where the checkpoint was taken (bit for bit on CPU with the same world size).
+continues exactly where the checkpoint was taken (bit for bit on CPU with the same world size;
+on another, with the same global batch and the rest of the same data, minidl.training.state).
 SIGTERM/SIGINT finish the current step, write a checkpoint and return; a non-finite loss
 saves a diagnostic checkpoint beside the regular ones and stops with an error.
 With several ranks, every wait for the others has the watchdog's deadline
@@ -41,7 +42,7 @@ from minidl.training.build import agree_on_kernel_plans, build_model, build_opti
 from minidl.training.data import RunData
 from minidl.training.evaluator import Evaluator
 from minidl.training.memory import naming_the_batch
-from minidl.training.outputs import RunOutputs
+from minidl.training.outputs import RunOutputs, check_writable
 from minidl.training.position import EpochTotals, Position
 from minidl.training.preemption import StopRequest
 from minidl.training.state import RunState, adopt_checkpoint_batches, find_resume_point
@@ -250,9 +251,11 @@ def run(config):
     """Train as `config` says; return the summary (also written to summary.json)."""
     config = config.resolved()
     comm = distributed.init(config.dist_backend or ("nccl" if on_gpu else "mpi"))
+    if comm.rank == 0:
+        check_writable(config)
     resume_point = find_resume_point(config)
     if resume_point is not None:
-        config = adopt_checkpoint_batches(config, resume_point[2])
+        config = adopt_checkpoint_batches(config, resume_point[2], comm.size)
     wall_start = time.perf_counter()
     trainer = Trainer(config, comm)
     if resume_point is not None:

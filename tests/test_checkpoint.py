@@ -232,6 +232,30 @@ def test_restoring_into_another_model_or_optimizer_is_refused():
     one_line_error(lambda: restore_training_state("c.h5", arrays, meta, model, opt), "lacks buffers/bn1.running_var")
 
 
+
+@pytest.mark.parametrize("optimizer", [SGD, LARS])
+def test_flat_buffers_restore_into_another_padding(optimizer):
+    """The flat buffers' padding follows the grid of ranks (the all-reduce's alignment): a run
+    resumed on another grid restores the parameters and momentum into its own padded length."""
+    model, opt = trained_pair(1, optimizer)
+    arrays, meta = training_state(model, opt)
+    saved = {name: np.array(array) for name, array in arrays.items()}
+    used = opt.flat.size
+    for align in (5120, 1):  # padded longer (a 5x1 grid), then not at all
+        nn.manual_seed(2)
+        other_model = models.resnet20(num_classes=10)
+        other = optimizer(other_model.parameters(), lr=0.5, momentum=0.9, align=align)
+        restore_training_state("c.h5", saved, meta, other_model, other)
+        restored, _ = training_state(other_model, other)
+        for name in ("optimizer/params", "optimizer/momentum"):
+            assert len(restored[name]) != len(saved[name])
+            assert restored[name][:used].tobytes() == saved[name][:used].tobytes(), name
+            assert not restored[name][used:].any()
+        for (_, ours), (_, theirs) in zip(model.named_parameters(), other_model.named_parameters()):
+            np.testing.assert_array_equal(ours.data, theirs.data)
+    saved["optimizer/params"][used] = 1.0  # past the parameters: not this model's buffer
+    one_line_error(lambda: restore_training_state("c.h5", saved, meta, other_model, other), "optimizer/params")
+
 # --- an output directory ---------------------------------------------------------------------
 
 def names(directory):

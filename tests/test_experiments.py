@@ -165,4 +165,4 @@ def test_an_output_dir_that_is_a_file_gets_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert cli.main(tiny(tmp_path, "--output-dir", str(tmp_path / "file"))) == 2
     error = error_line(capsys)
-    assert "--output-dir" in error and "writable folder" in error
+    assert "--output-dir" in error and "is a file: choose a folder you can write to" in error

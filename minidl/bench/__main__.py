@@ -3,11 +3,11 @@
 Each benchmark lives in its own module of this package and measures against a peer in the
 same run (cuDNN, torch, the native all-reduce), printing a table and, on request, JSON.
 """
-import importlib
 import pkgutil
 import sys
 
 import minidl.bench
+from minidl.cli import run_command
 
 
 def available():
@@ -22,12 +22,7 @@ def main(argv):
     if argv[0] not in names:
         sys.stderr.write(f"minidl.bench: error: no benchmark {argv[0]!r}: choose one of {', '.join(names)}\n")
         return 2
-    from minidl.errors import UserError
-    try:
-        return importlib.import_module(f"minidl.bench.{argv[0]}").main(argv[1:]) or 0
-    except UserError as error:
-        sys.stderr.write(f"minidl.bench {argv[0]}: error: {error}\n")
-        return 2
+    return run_command(f"minidl.bench {argv[0]}", f"minidl.bench.{argv[0]}:main", argv[1:])
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy
 from minidl import distributed
 from minidl.distributed import costmodel, grid
 from minidl.errors import UserError
+from minidl.fileio import writable
 
 MB = 1 << 20
 
@@ -37,7 +38,10 @@ def parse_args(argv):
     parser.add_argument("--calibrate", default=None, help="with --model: a --json file to fit the model to")
     parser.add_argument("--bytes", type=float, default=costmodel.RESNET50_GRADIENT_BYTES,
                         help="with --model: the gradient's size (default: ResNet-50 in fp32)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.json:  # before measuring, not after
+        writable("--json", args.json)
+    return args
 
 
 def main(argv):

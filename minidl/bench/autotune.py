@@ -19,7 +19,7 @@ import numpy
 
 from minidl.bench.kernels import device_kernels, resnet50_convs, small_convs
 from minidl.errors import UserError
-from minidl.fileio import write_json_atomic
+from minidl.fileio import writable, write_json_atomic
 from minidl.kernels.conv_v2 import PASSES
 
 def parse_args(argv):
@@ -30,6 +30,8 @@ def parse_args(argv):
     p.add_argument("--modes", default="bf16", help="comma-separated: bf16, tf32")
     p.add_argument("--json", help="write every candidate and choice here (after every row)")
     args = p.parse_args(argv)
+    if args.json:  # before measuring, not after
+        writable("--json", args.json)
     try:
         args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:

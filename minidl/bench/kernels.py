@@ -27,7 +27,7 @@ import numpy
 
 from minidl.distributed.costmodel import RESNET50_GRADIENT_BYTES
 from minidl.errors import UserError
-from minidl.fileio import write_json_atomic
+from minidl.fileio import writable, write_json_atomic
 from minidl.intmath import round_up
 
 # FLOP per clock per SM (dense), by compute capability: (fp32 FMA units, TF32 and bf16 tensor cores)
@@ -367,6 +367,8 @@ def parse_args(argv):
                    help="print one JSON object instead of a table; with FILE, write it there after every "
                         "operation (a run cut short keeps what it measured)")
     args = p.parse_args(argv)
+    if args.json not in (None, "-"):  # before measuring, not after
+        writable("--json", args.json)
     args.modes = [m for m in args.modes.split(",") if m]
     if args.runs < 1 or set(args.modes) - {"tf32", "bf16", "fp32"}:
         raise UserError("--runs must be >= 1 and --modes a list of tf32, bf16, fp32")

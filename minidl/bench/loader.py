@@ -38,7 +38,7 @@ import minidl
 from minidl.environment import cache_dir
 from minidl.data import DataLoader, build_transform, open_dataset
 from minidl.errors import UserError
-from minidl.fileio import write_json_atomic
+from minidl.fileio import writable, write_json_atomic
 
 GPU_RATE = 5000  # images/s one GPU consumes (the line on cores needed)
 CLASSES = 10
@@ -62,6 +62,8 @@ def parse_args(argv):
     p.add_argument("--size", type=int, default=224, help="crop size")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     args = p.parse_args(argv)
+    if args.data_path is None:  # the generated tree and its shards go there
+        writable("--cache-dir", args.cache_dir, folder=True)
     try:
         args.workers = [int(w) for w in args.workers.split(",")]
     except ValueError:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from minidl.bench._nvcc import compile_cubin, find_nvcc
 from minidl.errors import UserError
-from minidl.fileio import write_json_atomic
+from minidl.fileio import writable, write_json_atomic
 
 DISASSEMBLER_WHEELS = "pip install nvidia-cuda-cuobjdump==13.2.* nvidia-cuda-nvdisasm==13.2.*"
 TENSOR_CORE_SOURCE = re.compile(r"\bwmma::|\bmma_\w+\(|ptx\.cuh")
@@ -189,6 +189,8 @@ def main(argv):
     parser.add_argument("families", nargs="*", help="kernels/<FAMILY>.cu to audit (default: every tensor-core family)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows here, as a JSON list")
     args = parser.parse_args(argv)
+    if args.json:  # before auditing, not after
+        writable("--json", args.json)
     sources = default_sources()
     unknown = set(args.families) - {family for family, *_ in sources}
     if unknown:

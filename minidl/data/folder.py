@@ -24,7 +24,8 @@ def is_image(entry):
 def _split_dir(root, split):
     root = Path(root)
     if not root.is_dir():
-        raise UserError(f"data path {root} does not exist: point it at a folder with {LAYOUT}")
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise UserError(f"data path {root} {what}: point it at a folder with {LAYOUT}")
     split_dir = root / split
     if not split_dir.is_dir():
         raise UserError(f"data path {root} has no {split}/ folder: point it at a folder with "

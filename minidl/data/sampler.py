@@ -7,6 +7,11 @@ permutation go unread this epoch) or padded: the permutation is extended by its 
 positions until W divides it, so a few samples are read twice. Either way every rank gets
 the same number of samples, so all ranks run the same number of steps.
 
+Dealt this way, batch b of all W ranks together (P images each) covers positions b·P·W to
+(b+1)·P·W of the permutation: an optimizer step of global batch G = P·W reads the next G
+positions, whatever W. So a run resumed on another number of ranks with the same global batch
+(minidl.training.state) reads exactly the positions the interrupted run had left, each once.
+
 For evaluation, `pad=False` (with drop_last=False) reads every sample exactly once: ranks
 then get ceil(size / W) or floor(size / W) samples, which suits loops that only all-reduce
 their sums at the end (50,000 images on 256 ranks would otherwise count 176 twice).

@@ -19,8 +19,18 @@ from pathlib import Path
 from tqdm import tqdm
 
 from minidl.backend import xp
-from minidl.fileio import append_json_line, write_bytes_atomic, write_json_atomic
+from minidl.fileio import append_json_line, writable, write_bytes_atomic, write_json_atomic
 from minidl.training.timer import PHASES
+
+
+def check_writable(config):
+    """A UserError naming the flag where a path the run writes to cannot be written: asked on
+    rank 0 before any work, so a mistyped path costs nothing."""
+    writable("--output-dir", config.output_dir, folder=True)
+    if config.trace_steps:
+        writable("--trace", config.trace_path)
+    if not config.data_path:  # the embedded dataset is made there
+        writable("--cache-dir", config.cache_dir, folder=True)
 
 
 def keep_log_lines(path, keep):

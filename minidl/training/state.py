@@ -4,9 +4,19 @@ A checkpoint holds the model's and optimizer's training state (minidl.checkpoint
 rank's BN statistics (they are per rank), every rank's epoch totals, the position, the rate,
 the global batch schedule and the configuration. Data order and augmentation are functions of
 (seed, epoch, index), so there is no other random state to save.
+
+A run may resume on another number of ranks, mid-epoch included: it keeps the checkpoint's
+global batch, and since every optimizer step reads the next global-batch-sized block of the
+epoch's one permutation whatever the number of ranks (minidl.data.sampler), it reads exactly
+the images the interrupted run had left. Every new rank's BN running statistics start from
+the mean over the old ranks' (what evaluation uses; at an epoch's end they are all equal), and
+the epoch's running sums so far go to rank 0 (only their sum over ranks is ever reported).
 """
 import dataclasses
+import math
 from pathlib import Path
+
+import numpy
 
 from minidl.backend import to_numpy, xp
 from minidl.checkpoint import CheckpointDir, check_compatible, load_checkpoint, restore_training_state, training_state
@@ -43,17 +53,23 @@ class RunState:
     def restore(self, path, arrays, meta):
         """Put a checkpoint's state into the model and optimizer; returns (Position, EpochTotals)."""
         check_compatible(path, meta, self.config.model, self.model.num_parameters())
-        same_world = meta["world_size"] == self.comm.size
-        if meta["step"] and not same_world:
-            raise UserError(f"checkpoint {path} was taken mid-epoch by {meta['world_size']} ranks, whose split "
-                            f"of the epoch {self.comm.size} ranks cannot continue: resume with "
-                            f"{meta['world_size']} processes, or from a checkpoint taken at an epoch's end")
         restore_training_state(path, arrays, meta, self.model, self.optimizer)
-        rank = self.comm.rank if same_world else 0  # at an epoch's end the ranks' statistics agree
+        old_ranks = range(meta["world_size"])
         for name, buffer in self.model.named_buffers():
-            buffer[...] = xp.asarray(arrays[f"rank{rank}/{name}"])
-        totals = EpochTotals(**meta["totals"][rank]) if same_world else EpochTotals()
-        return Position(meta["epoch"], meta["step"], meta["iteration"]), totals
+            if meta["world_size"] == self.comm.size:
+                buffer[...] = xp.asarray(arrays[f"rank{self.comm.rank}/{name}"])
+            else:  # float64 sums: the mean of equal statistics is each of them, bit for bit
+                mean = numpy.mean([arrays[f"rank{rank}/{name}"] for rank in old_ranks], axis=0, dtype=numpy.float64)
+                buffer[...] = xp.asarray(mean.astype(buffer.dtype))
+        return Position(meta["epoch"], meta["step"], meta["iteration"]), self._totals(meta["totals"])
+
+    def _totals(self, saved):
+        """This rank's share of the epoch's running sums: its own on the same ranks, else all on rank 0."""
+        if len(saved) == self.comm.size:
+            return EpochTotals(**saved[self.comm.rank])
+        if self.comm.rank != 0:
+            return EpochTotals()
+        return EpochTotals(**{key: sum(entry[key] for entry in saved) for key in saved[0]})
 
 
 def find_resume_point(config):
@@ -65,6 +81,15 @@ def find_resume_point(config):
     return (Path(config.resume), *load_checkpoint(config.resume))
 
 
-def adopt_checkpoint_batches(config, meta):
-    """A resumed run keeps its global batch: the checkpoint's schedule replaces -b."""
-    return dataclasses.replace(config, batch_size=None, batch_schedule=meta["batch_schedule"])
+def adopt_checkpoint_batches(config, meta, world_size):
+    """A resumed run keeps its global batch: the checkpoint's schedule replaces -b. UserError,
+    naming the numbers of ranks that can, where `world_size` ranks cannot split it."""
+    config = dataclasses.replace(config, batch_size=None, batch_schedule=meta["batch_schedule"])
+    batches = config.batches(world_size)
+    common = math.gcd(*(batch for _, batch in batches.points))
+    if common % world_size:
+        *some, last = [str(n) for n in range(1, common + 1) if common % n == 0]
+        sizes = f"{', '.join(some)} or {last}" if some else last
+        raise UserError(f"the checkpoint's global batch (epoch:batch {batches}, kept on resume) does not split "
+                        f"over {world_size} ranks: resume with {sizes} process{'es' if some else ''}")
+    return config

@@ -19,3 +19,5 @@ The reference rate is tuned once, at k·n = 32, with --lr-sweep.
 Each run is cached under OUTPUT/runs (an interrupted study resumes, a finished one only
 redraws); OUTPUT gets results.json, table.md, error-vs-batch.png, warmup.png, control.png.
 """
+
+PROG = "python -m minidl.experiments.large_batch"

@@ -1,5 +1,6 @@
 import sys
 
-from minidl.experiments.large_batch.cli import main
+from minidl.cli import run_command
+from minidl.experiments.large_batch import PROG
 
-sys.exit(main())
+sys.exit(run_command(PROG, "minidl.experiments.large_batch.cli:study_command", sys.argv[1:]))

@@ -3,15 +3,16 @@ import argparse
 import dataclasses
 import os
 import sys
-from pathlib import Path
 
-from minidl.environment import cache_dir as default_cache_dir
+from minidl.cli import run_command
 from minidl.data.embedded import DIFFICULTIES
+from minidl.environment import cache_dir as default_cache_dir
 from minidl.errors import UserError
+from minidl.experiments.large_batch import PROG
+from minidl.fileio import writable
 from minidl.models import MODELS
 from minidl.experiments.large_batch.rows import N, Design, batch_rows, config_for, control_rows, warmup_rows
 
-PROG = "python -m minidl.experiments.large_batch"
 DEFAULTS = Design()
 
 
@@ -113,15 +114,6 @@ def reachable_rows(design):
     return batches + [row for b_star in batches for row in warmup_rows(b_star.batch) + control_rows(b_star.batch, design)]
 
 
-def usable_folder(flag, path):
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"{flag} {path} cannot be made a folder ({error.strerror}): choose a writable folder") from None
-    return path
-
-
 def use_device(device, argv):
     """Compute on `device`: nothing to do where the engine chose it; on a GPU machine asked for
     the CPU, start again with MINIDL_DEVICE=cpu (the engine picks its device when imported)."""
@@ -136,14 +128,19 @@ def use_device(device, argv):
 
 
 def main(argv=None):
+    """The study's command line; returns its exit code."""
+    return run_command(PROG, f"{__name__}:study_command", sys.argv[1:] if argv is None else argv)
+
+
+def study_command(argv):
     from minidl.experiments.large_batch import study
     from minidl.experiments.large_batch.runs import Interrupted
-    argv = sys.argv[1:] if argv is None else argv
     try:
         args = parse_args(argv)
         design = design_of(args)
         use_device(args.device, argv)
-        output_dir, cache_dir = usable_folder("--output-dir", args.output_dir), usable_folder("--cache-dir", args.cache_dir)
+        output_dir, cache_dir = (writable(flag, path, folder=True) for flag, path in
+                                  (("--output-dir", args.output_dir), ("--cache-dir", args.cache_dir)))
         if args.lr_sweep:
             text, best = study.lr_sweep(design, args.lr_sweep, output_dir, cache_dir)
             print(text + f"lowest error at η = {best:g} per {N}: run the study with --lr {best:g}")
@@ -153,9 +150,6 @@ def main(argv=None):
         print(study.markdown(done))
         print("\n".join(map(str, paths)))
         return 0
-    except UserError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
     except (Interrupted, KeyboardInterrupt) as error:
         print(f"{PROG}: interrupted ({error or 'Ctrl-C'}): run the same command again to resume", file=sys.stderr)
         return 130
