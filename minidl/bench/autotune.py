@@ -22,6 +22,7 @@ from minidl.errors import UserError
 from minidl.fileio import writable, write_json_atomic
 from minidl.kernels.conv_v2 import PASSES
 
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m minidl.bench autotune", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", default="256,32", help="comma-separated (ResNet-50 shapes)")
