@@ -55,7 +55,7 @@ def positive(flag, value):
 
 
 def non_negative(flag, value):
-    if value is not None and value < 0:
+    if value is not None and not value >= 0:  # NaN fails too
         return f"{flag} must be >= 0, got {value}"
 
 

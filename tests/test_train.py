@@ -82,6 +82,7 @@ def train_cli(*args, cwd):
     (["-b", "0"], "--batch-size must be a positive integer"),
     (["--epochs", "-1"], "--epochs must be a positive integer"),
     (["--lr", "0"], "--lr must be positive"),
+    (["--collective-timeout", "nan"], "--collective-timeout must be >= 0, got nan"),
     (["--augment", "mixup"], "argument --augment: invalid choice: 'mixup'"),
     (["--lr-steps", "30,x"], "is not a comma-separated list"),
     (["--no-such-flag"], "unrecognized arguments"),

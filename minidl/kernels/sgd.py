@@ -4,7 +4,8 @@
 launch arguments. A CUDA graph freezes launch arguments at capture, so for a replayed step the
 three live in a float32 device array instead: `store_sgd_scalars` writes them there (launched
 before each replay) and `sgd_momentum_update_from` reads them there when it runs (what the
-graph captures). Both forms are the same arithmetic, exactly as minidl.ops.sgd's reference.
+graph captures). Both forms are the same arithmetic, exactly as minidl.ops.sgd's reference on
+normal numbers (subnormals are flushed to zero: kernels/sgd.cu).
 """
 import numpy
 
