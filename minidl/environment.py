@@ -55,6 +55,8 @@ VARIABLES = {v.name: v for v in (
     Variable("MINIDL_TF32", "0 keeps float32 convolutions in exact fp32 instead of TF32 tensor cores", True, _switch),
     Variable("MINIDL_AUTOTUNE", "0 runs the v1 convolution kernels instead of validating the v2 kernels (the "
              "canary) and timing every validated kernel per shape on first use", True, _switch),
+    Variable("MINIDL_CANARY", "0 validates no v2 kernel (no canary, the cached verdicts ignored): the tuner reports "
+             "the v2 plans not validated and runs the v1 kernels only", True, _switch),
     Variable("MINIDL_DEVICE_KERNELS", "module:function giving (Kernels, array type) to use in place of the GPU's "
              "kernels (the CPU emulator of tests/kernels/emulated_device.py: emulated_device:device)", None,
              _module_function),

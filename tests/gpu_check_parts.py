@@ -64,7 +64,9 @@ def env(path, dry_run):
     try:
         import cupy
         props = cupy.cuda.runtime.getDeviceProperties(0)
-        info.update(device=props["name"].decode(), compute_capability=cupy.cuda.Device(0).compute_capability,
+        name = props["name"]  # bytes or str, by CuPy version
+        info.update(device=name.decode() if isinstance(name, bytes) else name,
+                    compute_capability=cupy.cuda.Device(0).compute_capability,
                     multiprocessors=props["multiProcessorCount"], memory_gib=round(props["totalGlobalMem"] / 2**30, 1),
                     cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(), driver=cupy.cuda.runtime.driverGetVersion())
     except Exception as error:  # noqa: BLE001

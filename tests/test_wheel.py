@@ -55,7 +55,10 @@ def installed(wheel, tmp_path_factory):
     venv = root / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=root)
     python = venv / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel], cwd=root)
+    # without PYTHONPATH: a checkout on it (with its minidl.egg-info) would count as minidl installed already
+    unpathed = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel], cwd=root,
+        env=unpathed)
     fresh_site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           cwd=root).stdout.strip())
     ours = [p for p in dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()["purelib"]]) if Path(p).is_dir()]

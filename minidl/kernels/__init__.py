@@ -11,7 +11,8 @@ MINIDL_DEVICE_KERNELS=module:function puts such kernels in the GPU's place for a
 (Kernels, array type) — the GPU check's dry run on the CPU emulator.
 
 `tuner_for(device, cuda_version, timer)` is a device's autotuner (None where MINIDL_AUTOTUNE=0):
-its cache under MINIDL_CACHE, its validation the canary (minidl.kernels.canary).
+its cache under MINIDL_CACHE, its validation the canary (minidl.kernels.canary); where
+MINIDL_CANARY=0, neither: no v2 plan is validated, so only v1 runs.
 
 Which implementation an operation runs is decided in ONE place, `serving(*arrays)`: the
 kernels in use serve arrays of their array type (CuPy on a GPU) holding float32 or bf16
@@ -52,10 +53,13 @@ def load_family(family):
 
 def tuner_for(device_name, cuda_version, timer, capturing=lambda: False):
     """The autotuner of a device, or None where MINIDL_AUTOTUNE=0: validated by the canary in
-    child processes, its results in MINIDL_CACHE/autotune/<device>-cuda<version>.json."""
+    child processes, its results in MINIDL_CACHE/autotune/<device>-cuda<version>.json; where
+    MINIDL_CANARY=0, no validation and no cache (whose verdicts would let v2 plans run)."""
     if not environment.value("MINIDL_AUTOTUNE"):
         return None
     from minidl.kernels import canary  # not at import: `python -m minidl.kernels.canary` runs it as __main__
+    if not environment.value("MINIDL_CANARY"):
+        return autotune.Autotuner(timer, None, capturing, canary.source_hash(), device_name)
     return autotune.Autotuner(timer, autotune.cache_path(environment.cache_dir(), device_name, cuda_version),
                               capturing, canary.source_hash(), device_name, canary.validator())
 

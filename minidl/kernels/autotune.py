@@ -3,12 +3,13 @@ kernel plan and keeps the fastest. The v1 kernels are always candidates, and a v
 only after it was validated on this device and these sources, so a kernel written without a GPU
 can neither make a user slower nor give a wrong result.
 
-`Autotuner(timer, cache_path, ...).choose(key, plans, run, kind, tolerance)` returns the plan for
+`Autotuner(timer, cache_path, ...).choose(key, plans, run, kind, tolerance, outputs)` returns the plan for
 `key`: from memory, else from the JSON cache of this device, CUDA version and source hash (the
 same cache gives the same choices, hence the same bits), else by running `run(plan)` for each
 usable plan of `plans()` (called only for a key not in memory; the key names everything the
-plans depend on). `run(plan)` returns the call's outputs, compared with the v1 plan's outputs of
-the same call; `timer(function)` gives the seconds of one call (`windowed_timer`).
+plans depend on). `run(plan)` is the call, timed alone; `outputs(result)` (default: the result
+itself) are the arrays of its result compared with the v1 plan's of the same call (work that is
+not timed); `timer(function)` gives the seconds of one call (`windowed_timer`).
 
 Validation, before the first choice of a process (`validated()`): the `validate` hook (the
 canary, minidl.kernels.canary) runs, in child processes that a sticky fault may kill, every v2
@@ -34,6 +35,7 @@ capture takes the first plan, the v1 kernel, untimed. `report()` says what was v
 tuned, every candidate's status, time and error vs v1, and every choice in use.
 MINIDL_AUTOTUNE=0 turns the tuner off: then the first plan, the v1 kernel, runs.
 """
+import contextlib
 import dataclasses
 import json
 import math
@@ -147,6 +149,25 @@ def relative_error(outputs, reference):
     return worst
 
 
+def compared_run(run, outputs):
+    """plan -> the arrays of `run(plan)` to compare: `outputs` of its result (None: the result)."""
+    return run if outputs is None else (lambda plan: outputs(run(plan)))
+
+
+STICKY_ERRORS = ("illegal address", "launch failure", "misaligned address")
+
+
+def out_of_memory(error):
+    """Whether `error` is CuPy's OutOfMemoryError (by name: no CuPy import on the CPU)."""
+    return type(error).__name__ == "OutOfMemoryError"
+
+
+def sticky(error):
+    """Whether `error` is a CUDA error that loses the process's context for good."""
+    text = str(error).lower()
+    return type(error).__name__ == "CUDARuntimeError" and any(words in text for words in STICKY_ERRORS)
+
+
 def disagreement(error, tolerance):
     return f"max error {error:.3g} of the largest v1 value, tolerance {tolerance:g}"
 
@@ -171,7 +192,8 @@ class Autotuner:
     def __init__(self, timer, cache_path=None, capturing=lambda: False, source_hash="", device="",
                  validate=None, agreement=ALONE):
         """`validate(known, record)`: runs the validation of every kernel not in `known` ({name:
-        record}), calling `record(name, record)` after each (minidl.kernels.canary.validator)."""
+        record}), calling `record(name, record)` after each (minidl.kernels.canary.validator);
+        `record(name, record, persist=False)`: a result for this process only, not cached."""
         self.timer, self.capturing, self.validate = timer, capturing, validate
         self.cache_path = Path(cache_path) if cache_path else None
         self.source_hash, self.device, self.agreement = source_hash, device, agreement
@@ -180,6 +202,7 @@ class Autotuner:
         self.tuned, self.seconds = 0, 0.0
         self.validation = None  # {"ran", "seconds", "failed"} once validated in this process
         self.failed_elsewhere = set()  # kernel names another process of the job found failing
+        self.unsaved = set()  # kernel names whose status holds for this process only
         self._cache = self._read_cache()
 
     def _read_cache(self):
@@ -193,6 +216,22 @@ class Autotuner:
         if not isinstance(cache, dict) or cache.get("source_hash") != self.source_hash:
             return empty  # other kernel sources: their statuses and choices do not hold
         return {**empty, **cache}
+
+    @contextlib.contextmanager
+    def alone(self):
+        """Inside, this process decides each new key by itself: for calls that the ranks make a
+        different number of times (evaluation batches differ across ranks), where a collective
+        decision would wait forever. Entered by every rank at once (it validates first, over the
+        ranks, so that the node leaders alone run the canary). The keys decided inside are
+        forgotten after: outside, every rank uses the same decision for a key."""
+        self.validated()
+        previous, self.agreement, known = self.agreement, ALONE, set(self.choices)
+        try:
+            yield self
+        finally:
+            self.agreement = previous
+            for key in set(self.choices) - known:
+                del self.choices[key]
 
     @property
     def statuses(self):
@@ -210,9 +249,11 @@ class Autotuner:
                 on_result(name, known, True)
         start, ran = time.perf_counter(), []
         if self.validate is not None and self.agreement.leads_node:
-            def record(name, result):
+            def record(name, result, persist=True):
                 ran.append(name)
                 self.statuses[name] = result
+                if not persist:
+                    self.unsaved.add(name)
                 self._write_cache()
                 if on_result is not None:
                     on_result(name, result, False)
@@ -237,21 +278,23 @@ class Autotuner:
         name = plan.kernel_name(kind)
         return self.statuses.get(name, {}).get("status") == "ok" and name not in self.failed_elsewhere
 
-    def choose(self, key, plans, run, kind="", tolerance=0.0):
+    def choose(self, key, plans, run, kind="", tolerance=0.0, outputs=None):
         """The plan for `key` among `plans()` (v1 first), running `run(plan)` for each where `key`
         is new; `kind` names the pass (and fusion) for the kernel names, `tolerance` the
-        agreement with v1 a plan must meet (TOLERANCE of the data type)."""
+        agreement with v1 a plan must meet (TOLERANCE of the data type), `outputs(run(plan))`
+        the arrays compared (default: run's result)."""
         plan = self.choices.get(key)
         if plan is not None:
             return plan
         self.validated()
         offered = plans()
-        label = self.agreement.decide(lambda: self._decide(key, offered, run, kind, tolerance).label())
+        compared = compared_run(run, outputs)
+        label = self.agreement.decide(lambda: self._decide(key, offered, run, compared, kind, tolerance).label())
         plan = next((p for p in offered if p.label() == label), offered[0])
         self.choices[key] = plan
         return plan
 
-    def _decide(self, key, plans, run, kind, tolerance):
+    def _decide(self, key, plans, run, compared, kind, tolerance):
         cached = self._cache["choices"].get(key)
         usable = [p for p in plans if self.usable(p, kind)]
         if cached is not None and any(p.label() == cached for p in usable):
@@ -265,9 +308,9 @@ class Autotuner:
                                      "error": None}, *refused.values()]
             return plans[0]
         start = time.perf_counter()
-        rows = [self._candidate(p, kind, None, run, tolerance) for p in plans[:1]]
+        rows = [self._candidate(p, kind, None, run, compared, tolerance) for p in plans[:1]]
         reference = rows[0].pop("outputs")
-        rows += [refused[p] if p in refused else self._candidate(p, kind, reference, run, tolerance)
+        rows += [refused[p] if p in refused else self._candidate(p, kind, reference, run, compared, tolerance)
                  for p in plans[1:]]
         timed = [r for r in rows if r["status"] == "ok"]
         chosen = Plan.parse(min(timed, key=lambda r: r["seconds"])["plan"])
@@ -285,31 +328,35 @@ class Autotuner:
         known = self.statuses.get(name) or {"status": "failed", "error": "not validated on this device"}
         return {"status": known["status"], "max_error": known.get("max_error"), "error": known["error"]}
 
-    def _candidate(self, plan, kind, reference, run, tolerance):
+    def _candidate(self, plan, kind, reference, run, compared, tolerance):
         """One candidate's row {plan, status, seconds, max_error (vs v1), error (why it failed)}:
         checked against `reference` (None: this is the v1 plan, whose `outputs` the row carries),
-        then timed. An exception or a disagreement of a v2 plan is recorded, never raised."""
+        then timed. An exception or a disagreement of a v2 plan is recorded; out of memory is
+        raised unrecorded (not the kernel's fault), a sticky CUDA error recorded and raised."""
         row = {"plan": plan.label(), "status": "ok", "seconds": None, "max_error": None, "error": None}
         try:
             if reference is None:
-                row.update(outputs=[comparable(a) for a in run(plan)], max_error=0.0)
+                row.update(outputs=[comparable(a) for a in compared(plan)], max_error=0.0)
             else:
-                row["max_error"] = relative_error(run(plan), reference)
+                row["max_error"] = relative_error(compared(plan), reference)
                 if not row["max_error"] <= tolerance:
                     return self._fail(plan, kind, row, "mismatch", disagreement(row["max_error"], tolerance))
             row["seconds"] = self.timer(lambda: run(plan))
         except Exception as error:  # a compile or launch error of a v2 plan: record it, go on
-            if reference is None:
-                raise  # the v1 kernels have nothing to fall back to
-            return self._fail(plan, kind, row, "failed", f"{type(error).__name__}: {error}".splitlines()[0])
+            if reference is None or out_of_memory(error):
+                raise  # the v1 kernels have nothing to fall back to; memory is the process's, not the kernel's
+            failure = self._fail(plan, kind, row, "failed", f"{type(error).__name__}: {error}".splitlines()[0])
+            if sticky(error):
+                raise  # the CUDA context is lost: no later candidate of this process can run
+            return failure
         return row
 
     def _fail(self, plan, kind, row, status, error):
         name = plan.kernel_name(kind)
         self.statuses[name] = {"status": status, "error": error, "max_error": row["max_error"], "seconds": None}
         self._write_cache()
-        print(f"minidl: kernel plan {name} {status} ({error}); not used again on this device, going on with "
-              "the others", file=sys.stderr, flush=True)
+        print(f"minidl: kernel plan {name} {status} ({error}); not used again on this device and sources",
+              file=sys.stderr, flush=True)
         return {**row, "status": status, "error": error}
 
     def _write_cache(self):
@@ -317,7 +364,8 @@ class Autotuner:
             return
         try:
             self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.cache_path, self._cache)
+            saved = {name: r for name, r in self.statuses.items() if name not in self.unsaved}
+            write_json_atomic(self.cache_path, {**self._cache, "plans": saved})
         except OSError:  # a read-only cache directory: the results stay in memory
             self.cache_path = None
 

@@ -18,15 +18,16 @@ the emulator tests' (tests/kernels/test_emulated_conv_v2.py): what only hardware
 alignment, shared-memory limits, the launch itself — does not depend on the filter. Agreement:
 autotune.TOLERANCE, as for the tuner's own comparison.
 
-    python -m minidl.kernels.canary --json FILE
+    python -m minidl.kernels.canary --json FILE [--plan-timeout SECONDS]
 
-validates for this device (MINIDL_DEVICE_KERNELS's, else the GPU's), reusing what the tuner's
-cache already holds for this source hash, prints a line per plan and a last one, and writes FILE
-after every plan: {device, source_hash, seconds, plans: [{plan, pass, dtype, status, error,
-max_error, seconds}], counts: {ok, failed, mismatch}}. Exit status 0 when every plan is ok, 1
-when one failed or mismatched, 2 on a usage error.
+validates for this device (MINIDL_DEVICE_KERNELS's, else the GPU's), each plan in at most
+SECONDS (PLAN_TIMEOUT), reusing what the tuner's cache already holds for this source hash, prints
+a line per plan and a last one, and writes FILE after every plan: {device, source_hash, seconds,
+plans: [{plan, pass, dtype, status, error, max_error, seconds}], counts: {ok, failed, mismatch}}.
+Exit status 0 when every plan is ok, 1 when one failed or mismatched, 2 on a usage error.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,16 +38,17 @@ from typing import NamedTuple
 
 import numpy
 
+import minidl
 from minidl.backend import BF16
 from minidl.errors import UserError
 from minidl.fileio import write_json_atomic
 from minidl.kernels import loader
-from minidl.kernels.autotune import STATUSES, Plan, comparable, disagreement, relative_error
+from minidl.kernels.autotune import STATUSES, Plan, comparable, compared_run, disagreement, relative_error
 from minidl.kernels.batchnorm import NORM, NORM_FIELDS
 from minidl.kernels.conv_v2 import DRELU, FUSIONS, NORMALIZE, PASSES, STATS, TILES, Fusion
 
 STOPPED = 3  # the child's exit status after a plan that raised
-PLAN_TIMEOUT = 120.0  # seconds one plan may take in the child (the CPU emulator is the slow one)
+PLAN_TIMEOUT = 120.0  # seconds one plan may take in the child (the CPU emulator is the slow one); --plan-timeout
 IMAGES = 1  # per statistics group: two groups in a batch of two
 SPLITS = 2
 # (n, h, w, c, k, r, stride, padding) per data type and pass: channels a multiple of the v2 tiles'
@@ -92,7 +94,7 @@ PLANS = canary_plans()
 
 
 def source_hash():
-    """What the statuses hold for: every kernels/*.cu and *.cuh."""
+    """What the statuses hold for: every kernels/*.cu and *.cuh, and the launchers."""
     return loader.all_sources_hash()
 
 
@@ -105,11 +107,12 @@ class Check:
     def __init__(self, plan, references):
         self.plan, self.references, self.error, self.tolerance = plan, references, None, None
 
-    def choose(self, key, plans, run, kind="", tolerance=0.0):
+    def choose(self, key, plans, run, kind="", tolerance=0.0, outputs=None):
+        compared = compared_run(run, outputs)
         first = plans()[0]
         if key not in self.references:
-            self.references[key] = [comparable(a) for a in run(first)]
-        self.error, self.tolerance = relative_error(run(self.plan), self.references[key]), tolerance
+            self.references[key] = [comparable(a) for a in compared(first)]
+        self.error, self.tolerance = relative_error(compared(self.plan), self.references[key]), tolerance
         return first
 
 
@@ -184,39 +187,33 @@ def validator(timeout=PLAN_TIMEOUT):
     return validate
 
 
+def child_env():
+    """The child's environment: this process's, with the folder of this process's minidl first on
+    PYTHONPATH, so that the child imports the same minidl (a checkout, not an installed copy)."""
+    env = dict(os.environ)
+    path = [str(Path(minidl.__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])]
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
 def run_child(names, record, timeout):
     """Run `names` in one child until it finishes, stops or dies; `record(name, result)` for each
     plan it finished or died in. Returns the names recorded; where the child died before any
-    plan, every name is recorded failed with the child's error (a new child would die alike)."""
+    plan (it could not import, or found no device), every name is recorded failed with the
+    child's error for this process only (`persist=False`: the kernels are not at fault, the next
+    process tries again), and said in one line."""
     with tempfile.TemporaryDirectory(prefix="minidl-canary-") as folder:
         progress, errors = Path(folder) / "progress.jsonl", Path(folder) / "stderr.txt"
         progress.touch()
         with open(errors, "w") as stderr:
             process = subprocess.Popen([sys.executable, "-m", "minidl.kernels.canary", "--child", str(progress),
-                                        *names], stdout=subprocess.DEVNULL, stderr=stderr, env=dict(os.environ))
-        done, running, since, read, timed_out = [], None, time.monotonic(), 0, False
-        while True:
-            exited = process.poll() is not None
-            text = progress.read_text()
-            lines = text[:text.rfind("\n") + 1].splitlines()  # whole lines only
-            for line in lines[read:]:
-                entry = json.loads(line)
-                if "running" in entry:
-                    running = entry["running"]
-                else:
-                    record(entry.pop("name"), entry)
-                    done.append(running)
-                    running = None
-                since = time.monotonic()
-            read = len(lines)
-            if exited:
-                break
-            timed_out = time.monotonic() - since > timeout  # a plan that hangs, or a process that cannot end
-            if timed_out:
+                                        *names], stdout=subprocess.DEVNULL, stderr=stderr, env=child_env())
+        try:
+            done, running, timed_out = poll(process, progress, record, timeout)
+        finally:  # timed out, or the parent interrupted (Ctrl-C): no child left running on the GPU
+            if process.poll() is None:
                 process.kill()
                 process.wait()
-                break
-            time.sleep(0.05)
         if running is None and done:
             return done
         status = (f"timed out after {timeout:.0f} s" if timed_out else
@@ -227,9 +224,36 @@ def run_child(names, record, timeout):
         if running is not None:
             record(running, failed(error))
             return [*done, running]
+        print(f"minidl: {error}, before its first plan: the v1 kernels run in this process, nothing recorded "
+              "in the tuner's cache", file=sys.stderr, flush=True)
         for name in names:
-            record(name, failed(f"{error}, before its first plan"))
+            record(name, failed(f"{error}, before its first plan"), persist=False)
         return list(names)
+
+
+def poll(process, progress, record, timeout):
+    """Follow the child's PROGRESS until it exits or a plan runs past `timeout` (the caller kills
+    it): (the plans it finished, the plan it was running or None, whether it timed out)."""
+    done, running, since, read = [], None, time.monotonic(), 0
+    while True:
+        exited = process.poll() is not None
+        text = progress.read_text()
+        lines = text[:text.rfind("\n") + 1].splitlines()  # whole lines only
+        for line in lines[read:]:
+            entry = json.loads(line)
+            if "running" in entry:
+                running = entry["running"]
+            else:
+                record(entry.pop("name"), entry)
+                done.append(running)
+                running = None
+            since = time.monotonic()
+        read = len(lines)
+        if exited:
+            return done, running, False
+        if time.monotonic() - since > timeout:  # a plan that hangs, or a process that cannot end
+            return done, running, True
+        time.sleep(0.05)
 
 
 def failed(error):
@@ -244,12 +268,26 @@ def row(name, record):
             "seconds": record.get("seconds")}
 
 
+USAGE = "python -m minidl.kernels.canary --json FILE [--plan-timeout SECONDS]"
+
+
+def plan_timeout(text):
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        raise UserError(f"--plan-timeout {text}: give the seconds one plan may take, a positive number")
+    return seconds
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "--child":
         return child(argv[1], argv[2:])
-    if len(argv) != 2 or argv[0] != "--json":
-        raise UserError("usage: python -m minidl.kernels.canary --json FILE")
-    path = Path(argv[1])
+    options = dict(zip(argv[::2], argv[1::2]))
+    if len(argv) % 2 or "--json" not in options or not options.keys() <= {"--json", "--plan-timeout"}:
+        raise UserError(f"usage: {USAGE}")
+    path, timeout = Path(options["--json"]), plan_timeout(options.get("--plan-timeout", str(PLAN_TIMEOUT)))
     if not path.parent.is_dir():
         raise UserError(f"--json {path}: the folder {path.parent} does not exist: create it or write elsewhere")
     from minidl import backend, environment, kernels
@@ -257,8 +295,10 @@ def main(argv):
         raise UserError("no GPU here (CuPy sees none) and no MINIDL_DEVICE_KERNELS: run it on a GPU machine, or "
                         "set MINIDL_DEVICE_KERNELS=emulated_device:device with tests/kernels on PYTHONPATH")
     tuner = kernels.device().tuner
-    if tuner is None:
-        raise UserError("MINIDL_AUTOTUNE=0 turns the tuner and its validation off: unset it to validate the kernels")
+    if tuner is None or tuner.validate is None:
+        raise UserError("MINIDL_AUTOTUNE=0 or MINIDL_CANARY=0 turns the validation off: unset it to validate the "
+                        "kernels")
+    tuner.validate = validator(timeout)
     start, rows = time.perf_counter(), {}
 
     def write():

@@ -124,11 +124,11 @@ class ConvKernels(Launcher):
             return out
         return self._run_v1(conv_pass, TILES[plan.tile], plan.splits, geometry, operands, out)
 
-    def tuned_plan(self, conv_pass, operands, geometry, candidates, run, fusion=None):
+    def tuned_plan(self, conv_pass, operands, geometry, candidates, run, fusion=None, outputs=None):
         """The plan of a pass: the v1 kernel's without a tuner, else the tuner's choice among
-        `candidates()` (`run(plan)` -> the outputs to compare with v1's), remembered under a key
-        of everything they depend on: the pass (and its `fusion`), the shape, and the v1 tile,
-        which stands for the data type and TF32."""
+        `candidates()` (`run(plan)` timed, `outputs(run(plan))` compared with v1's: see
+        Autotuner.choose), remembered under a key of everything they depend on: the pass (and
+        its `fusion`), the shape, and the v1 tile, which stands for the data type and TF32."""
         first = self.v1_plan(conv_pass, operands, geometry)
         if self.tuner is None:
             return first
@@ -136,7 +136,7 @@ class ConvKernels(Launcher):
         groups = f" in groups of {fusion.group_images}" if fusion is not None else ""
         key = f"{kind}{groups} {first.tile} {'x'.join(map(str, geometry))}"
         tolerance = TOLERANCE["bf16" if operands[0].dtype == BF16 else "tf32"]
-        return self.tuner.choose(key, candidates, run, kind, tolerance)
+        return self.tuner.choose(key, candidates, run, kind, tolerance, outputs)
 
     def v1_plan(self, conv_pass, operands, geometry):
         tile = self.conv_tile(operands[0].dtype, geometry[3], geometry[4])

@@ -102,10 +102,14 @@ def sources_hash(family):
     return _digest(included_sources(source_path(family)))
 
 
+LAUNCHERS = Path(__file__).resolve().parent
+
+
 def all_sources_hash():
-    """A hash of every kernels/*.cu and *.cuh: changes with any kernel source."""
+    """A hash of every kernels/*.cu and *.cuh and of the launchers minidl/kernels/*.py (grids,
+    tiles, shared-memory sizes are theirs): changes with any kernel source or launch."""
     folder = source_dir()
-    return _digest(sorted([*folder.glob("*.cu"), *folder.glob("*.cuh")]))
+    return _digest([*sorted([*folder.glob("*.cu"), *folder.glob("*.cuh")]), *sorted(LAUNCHERS.glob("*.py"))])
 
 
 def define_options(defines):

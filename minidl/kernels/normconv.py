@@ -122,9 +122,9 @@ class NormConvKernels(Launcher):
         if plan is None:
             plan = self.tuned_plan(conv_pass, fusion_inputs(operands, fusion), geometry,
                                    lambda: self.fused_plans(conv_pass, fusion, operands, geometry),
-                                   lambda candidate: self._outputs(conv_pass, geometry, out, fusion, self._fused(
-                                       conv_pass, geometry, operands, out, fusion, candidate, normalized)),
-                                   fusion)
+                                   lambda candidate: self._fused(conv_pass, geometry, operands, out, fusion,
+                                                                 candidate, normalized),
+                                   fusion, lambda result: self._outputs(conv_pass, geometry, out, fusion, result))
         if plan.version == "v2":
             tile = conv_v2.TILES[plan.tile]
             return conv_v2.launch(self, conv_pass, tile, plan.splits, geometry, *operands, out, fusion), None

@@ -5,8 +5,11 @@ the ranks average their running statistics, so every rank evaluates the same mod
 evaluates its share of the validation set (every image once, minidl.data.DistributedSampler
 with pad=False) and the sums go through one all-reduce.
 """
+import contextlib
+
 import numpy
 
+from minidl import kernels
 from minidl.autograd import no_grad
 from minidl.backend import to_numpy
 from minidl.distributed import watchdog
@@ -18,6 +21,13 @@ def count_correct(logits, labels, k):
     k = min(k, logits.shape[1])
     top = numpy.argpartition(-logits, k - 1, axis=1)[:, :k]
     return int((top == labels[:, None]).any(axis=1).sum())
+
+
+def deciding_alone():
+    """The kernel tuner decides alone inside: the ranks' evaluation batches differ (the sampler
+    pads nothing), so a decision over the ranks would be met a different number of times."""
+    tuner = getattr(kernels.active(), "tuner", None)
+    return contextlib.nullcontext() if tuner is None else tuner.alone()
 
 
 class Evaluator:
@@ -39,7 +49,7 @@ class Evaluator:
         self.optimizer.flat.refresh_bf16_copy()  # --amp: once per evaluation, not per batch
         self.model.eval()
         loss_sum, top1, top5, count = 0.0, 0, 0, 0
-        with no_grad():
+        with no_grad(), deciding_alone():
             for images, labels in self.loader:
                 if len(labels) == 0:
                     continue

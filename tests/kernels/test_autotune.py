@@ -186,6 +186,18 @@ def test_autotune_off_means_no_tuner_and_no_canary(monkeypatch, tmp_path):
     assert tuner_on is not None and tuner_on.validate is not None
 
 
+def test_canary_off_means_no_v2_plan_runs_even_validated_in_the_cache(monkeypatch, tmp_path):
+    from minidl.kernels import canary
+    monkeypatch.setenv("MINIDL_CACHE", str(tmp_path))
+    call = FakeCall()
+    tuner(autotune.cache_path(tmp_path, "emulator", "emu"), call, source_hash=canary.source_hash()).validated()
+    monkeypatch.setenv("MINIDL_CANARY", "0")
+    off = kernels.tuner_for("emulator", "emu", call.timer)
+    assert off.validate is None and off.choose("key", lambda: PLANS, call.run, KIND, 3e-2) == V1 and call.ran == []
+    rows = off.report()["candidates"]["key"][1:]
+    assert all(r["status"] == "failed" and r["error"] == "not validated on this device" for r in rows), rows
+
+
 def test_device_kernels_must_name_a_module_and_function(monkeypatch):
     from minidl import environment
     from minidl.errors import UserError
@@ -210,3 +222,129 @@ def test_a_run_writes_the_tuner_report_and_says_it_once(tmp_path, capsys):
     assert written["choices"] == {"key": GOOD.label()}
     told = [line for line in capsys.readouterr().out.splitlines() if "autotuned" in line]
     assert len(told) == 1 and "2 kernel plans failed or disagreed" in told[0]
+
+
+class CountingAgreement(FakeAgreement):
+    """Rank 0's agreement that counts its collectives (each a call every rank must make)."""
+
+    def __init__(self):
+        super().__init__(True)
+        self.decisions, self.unions = 0, 0
+
+    def union(self, names):
+        self.unions += 1
+        return super().union(names)
+
+    def decide(self, function):
+        self.decisions += 1
+        return function()
+
+
+def test_evaluation_decides_alone(tmp_path, monkeypatch):
+    """Evaluation batches differ across ranks: a key first met there makes no collective call;
+    training after it decides over the ranks again, also a key evaluation met."""
+    from minidl.training import evaluator
+
+    call, agreement = FakeCall(), CountingAgreement()
+    tuned = tuner(tmp_path / "k.json", call, agreement=agreement)
+
+    class Fake:  # the kernels in use, the model, optimizer, loader and communicator of one rank
+        tuner, size, skipped, flat = tuned, 1, 0, None
+
+        def __init__(self):
+            self.flat = self
+
+        def refresh_bf16_copy(self):
+            pass
+
+        def named_buffers(self):
+            return []
+
+        def eval(self):
+            pass
+
+        def sum(self, values):
+            return values
+
+        def __iter__(self):
+            return iter([(None, numpy.zeros(3, int)), (None, numpy.zeros(2, int))])  # a last, smaller batch
+
+    def forward_loss(model, images, labels, label_smoothing):  # a tuned convolution per batch size
+        tuned.choose(f"batch {len(labels)}", lambda: PLANS, call.run, KIND, 3e-2)
+        return numpy.zeros((len(labels), 5)), numpy.float32(1.0)
+
+    class Data:
+        def __init__(self, array):
+            self.data = array
+
+    monkeypatch.setattr(evaluator, "forward_loss", lambda *a: tuple(map(Data, forward_loss(*a))))
+    fake = Fake()
+    with kernels.use(fake, numpy.ndarray):
+        evaluator.Evaluator(fake, fake, fake, fake, 0.0)()
+        assert agreement.decisions == 0 and set(tuned.candidates) == {"batch 3", "batch 2"}
+        assert agreement.unions == 1, "validated over the ranks, where every rank is"
+        assert tuned.agreement is agreement and tuned.choices == {}, "training decides over the ranks again"
+        assert tuned.choose("batch 3", lambda: PLANS, call.run, KIND, 3e-2) == GOOD
+        assert agreement.decisions == 1
+    fake.tuner = None  # a device without a tuner (MINIDL_AUTOTUNE=0), and the CPU (no kernels at all)
+    with kernels.use(fake, numpy.ndarray):
+        evaluator.Evaluator(fake, fake, fake, fake, 0.0)()
+    evaluator.Evaluator(fake, fake, fake, fake, 0.0)()
+
+
+class CudaRuntimeCall(FakeCall):
+    """run(plan) raising CuPy-like errors (the same class names) for the plans in `errors`."""
+
+    def __init__(self, errors):
+        super().__init__()
+        self.errors = errors
+
+    def run(self, plan):
+        if plan in self.errors:
+            self.ran.append(plan)
+            raise self.errors[plan]
+        return super().run(plan)
+
+
+OutOfMemoryError = type("OutOfMemoryError", (MemoryError,), {})
+CUDARuntimeError = type("CUDARuntimeError", (RuntimeError,), {})
+
+
+def test_out_of_memory_is_not_the_kernels_failure(tmp_path):
+    path = tmp_path / "l.json"
+    call = CudaRuntimeCall({GOOD: OutOfMemoryError("out of memory allocating 1,073,741,824 bytes")})
+    with pytest.raises(OutOfMemoryError):
+        tuner(path, call).choose("key", lambda: [V1, GOOD], call.run, KIND, 3e-2)
+    assert json.loads(path.read_text())["plans"][GOOD.kernel_name(KIND)]["status"] == "ok"
+
+
+def test_a_sticky_cuda_error_fails_its_plan_only_and_is_raised(tmp_path):
+    path = tmp_path / "m.json"
+    call = CudaRuntimeCall({RAISES: CUDARuntimeError("cudaErrorIllegalAddress: an illegal address was encountered")})
+    with pytest.raises(CUDARuntimeError):
+        tuner(path, call).choose("key", lambda: [V1, RAISES, WRONG, GOOD], call.run, KIND, 3e-2)
+    statuses = json.loads(path.read_text())["plans"]
+    assert statuses[RAISES.kernel_name(KIND)]["status"] == "failed"
+    assert statuses[WRONG.kernel_name(KIND)]["status"] == "ok" and statuses[GOOD.kernel_name(KIND)]["status"] == "ok"
+    assert call.ran[-1] == RAISES and WRONG not in call.ran, "no later candidate runs in a lost context"
+
+
+def test_the_timed_call_is_the_launch_alone(tmp_path):
+    """The comparison's work (`outputs`: finalizing statistics, masking) is done once per plan,
+    outside the timed calls, so it biases no plan's time."""
+    call, compared = FakeCall(), []
+
+    def outputs(result):
+        compared.append(call.ran[-1])
+        return result
+
+    def timer(function):
+        before = len(compared)
+        for _ in range(3):
+            function()
+        assert len(compared) == before, "the timed function compares nothing"
+        return FAST[call.ran[-1]]
+
+    tuned = Autotuner(timer, tmp_path / "n.json", validate=validate_all_but_unvalidated)
+    assert tuned.choose("key", lambda: [V1, GOOD, WRONG], call.run, KIND, 3e-2, outputs) == GOOD
+    assert compared == [V1, GOOD, WRONG]

@@ -34,7 +34,7 @@ def validate_only(names, **options):
     """Run the canary's driver on `names` (every other plan known already): {name: record}."""
     recorded = {}
     known = {p.name: {"status": "ok"} for p in canary.PLANS if p.name not in names}
-    canary.validator(**options)(known, lambda name, record: recorded.setdefault(name, record))
+    canary.validator(**options)(known, lambda name, record, persist=True: recorded.setdefault(name, record))
     return recorded
 
 
@@ -70,6 +70,38 @@ def test_a_child_that_cannot_start_fails_every_plan_once(device_env):
                                            for r in recorded.values())
 
 
+def test_a_child_that_cannot_start_is_not_cached_as_the_kernels_failure(device_env, tmp_path, capsys):
+    device_env.setenv("MINIDL_DEVICE_KERNELS", "no_such_module:device")
+    path = tmp_path / "autotune.json"
+    tuner = autotune.Autotuner(lambda function: 0.0, path, validate=canary.validator())
+    statuses = tuner.validated()
+    assert len(statuses) == len(canary.PLANS) and all(r["status"] == "failed" for r in statuses.values())
+    assert json.loads(path.read_text())["plans"] == {}, "the next process validates again"
+    told = [line for line in capsys.readouterr().err.splitlines() if "before its first plan" in line]
+    assert len(told) == 1 and "nothing recorded" in told[0]
+
+
+def test_an_interrupted_driver_kills_its_child(device_env):
+    children = []
+
+    def interrupted(process, progress, record, timeout):
+        children.append(process)
+        assert process.poll() is None, "the child still runs when the parent is interrupted"
+        raise KeyboardInterrupt
+
+    device_env.setattr(canary, "poll", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        validate_only(WGRAD)
+    assert children[0].returncode is not None and children[0].returncode < 0, "killed, not left running"
+
+
+def test_the_child_imports_this_minidl(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert canary.child_env()["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/elsewhere"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert canary.child_env()["PYTHONPATH"] == str(ROOT)
+
+
 def canary_cli(*flags):
     return subprocess.run([sys.executable, "-m", "minidl.kernels.canary", *flags], capture_output=True, text=True,
                           timeout=600)
@@ -82,7 +114,7 @@ def test_the_command_line_reuses_the_cache_and_writes_every_plan(device_env, tmp
     del statuses[WGRAD[2]]
     statuses[WGRAD[0]] = {"status": "mismatch", "error": "max error 1", "max_error": 1.0, "seconds": 0.1}
     cache = write_cache(tmp_path, statuses)
-    result = canary_cli("--json", str(tmp_path / "canary.json"))
+    result = canary_cli("--json", str(tmp_path / "canary.json"), "--plan-timeout", "60")
     assert result.returncode == 1, result.stderr
     written = json.loads((tmp_path / "canary.json").read_text())
     assert written["device"] == "emulator" and written["source_hash"] == canary.source_hash()
@@ -100,7 +132,10 @@ def test_the_command_line_reuses_the_cache_and_writes_every_plan(device_env, tmp
     (["--jsn", "x"], {}, "usage: python -m minidl.kernels.canary --json FILE"),
     (["--json", "/no/such/folder/x.json"], {}, "does not exist"),
     (["--json", "x.json"], {"MINIDL_AUTOTUNE": "0"}, "MINIDL_AUTOTUNE=0"),
+    (["--json", "x.json"], {"MINIDL_CANARY": "0"}, "MINIDL_CANARY=0"),
     (["--json", "x.json"], {"MINIDL_DEVICE_KERNELS": ""}, "no GPU here"),
+    (["--json", "x.json", "--plan-timeout", "0"], {}, "--plan-timeout 0: give the seconds"),
+    (["--json", "x.json", "--plan-timeout"], {}, "usage: python -m minidl.kernels.canary --json FILE"),
 ])
 def test_the_command_line_refuses_in_one_line(device_env, flags, env, says):
     for name, value in env.items():

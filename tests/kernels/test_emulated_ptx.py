@@ -278,6 +278,13 @@ def test_the_check_records_every_case_a_mismatch_and_an_error(selftest, tmp_path
     assert not ptx_selftest.check("emulator", result)
     first = json.loads(result.read_text())["cases"][0]
     assert first["status"] == "failed" and first["mismatches"] == 1 and "word 5" in first["first_mismatch"]
+    subnormal = next(c for c in cases["cases"] if c["name"] == "mma_fragments<true> subnormal")
+    cases["cases"][0]["expected"][0][5] ^= 1
+    subnormal["expected"][0][0] ^= 0x40000000  # the tensor cores would flush them: informational
+    tampered.write_text(json.dumps(cases))
+    assert ptx_selftest.check("emulator", result)
+    recorded = {c["name"]: c for c in json.loads(result.read_text())["cases"]}["mma_fragments<true> subnormal"]
+    assert recorded["status"] == "failed" and recorded["informational"]
     monkeypatch.setattr(ptx_selftest, "EXPECTED", tmp_path / "missing.json")
     assert not ptx_selftest.check("emulator", result)
     assert "missing.json" in json.loads(result.read_text())["error"]

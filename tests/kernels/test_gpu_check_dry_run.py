@@ -148,8 +148,8 @@ def test_two_ranks_write_their_result_when_they_fail(tmp_path):
     no_mpiexec = {**environment(), "PATH": "/usr/bin:/bin"}
     if subprocess.run(["sh", "-c", "command -v mpiexec"], env=no_mpiexec).returncode == 0:
         pytest.skip("this machine has an mpiexec outside the venv")
-    failed_dataset = {**environment(), "MINIDL_DEVICE": "gpu"}  # no GPU here: minidl refuses to start
-    for env, why in ((no_mpiexec, "no mpiexec"), (failed_dataset, "dataset could not be made")):
+    failed_training = {**environment(), "MINIDL_DEVICE": "gpu"}  # no GPU here: train.py refuses to start
+    for env, why in ((no_mpiexec, "no mpiexec"), (failed_training, "train.py exited with status 2")):
         result_file = tmp_path / "two_ranks.json"
         run = subprocess.run(["bash", script, str(result_file), "--dry-run"], capture_output=True, text=True, env=env,
                              cwd=ROOT, timeout=120)

@@ -44,6 +44,16 @@ def test_an_unrelated_edit_leaves_the_options_alone(sources):
     assert loader.all_sources_hash() != everything  # pool.cu is a kernel source
 
 
+def test_a_launcher_edit_changes_the_hash_of_every_source(sources, tmp_path, monkeypatch):
+    """Grids, tiles and shared-memory sizes live in minidl/kernels/*.py: an edit validates anew."""
+    launchers = tmp_path / "launchers"
+    shutil.copytree(loader.LAUNCHERS, launchers, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(loader, "LAUNCHERS", launchers)
+    everything = loader.all_sources_hash()
+    (launchers / "conv_v2.py").write_text((launchers / "conv_v2.py").read_text() + "\n# an edit\n")
+    assert loader.all_sources_hash() != everything
+
+
 def test_includes_are_followed_recursively_and_each_counted_once(sources):
     (sources / "inner.cuh").write_text("#pragma once\n")
     (sources / "outer.cuh").write_text('#pragma once\n#include "inner.cuh"\n')
