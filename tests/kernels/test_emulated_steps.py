@@ -104,7 +104,7 @@ class PreferV2:
     def __init__(self):
         self.chosen = []
 
-    def choose(self, key, plans, run, kind="", tolerance=0.0):
+    def choose(self, key, plans, run, kind="", tolerance=0.0, outputs=None):
         plans = plans()
         self.chosen.append((key, plans[-1].version))
         return plans[-1]
