@@ -75,7 +75,7 @@ class Trainer:
             amp.enable(self.model, self.optimizer)
         self.reducer = distributed.GradientReducer(self.allreduce, self.optimizer.flat, config.bucket_mb)
         self.position, self.totals = Position(), EpochTotals()
-        self.stragglers = Stragglers() if comm.size > 1 else None
+        self.stragglers = Stragglers() if comm.size > 1 and comm.rank == 0 else None  # rank 0 reports them
         self.graphs_wanted = self._graphs_possible()
         self.timer = StepTimer((lambda: None) if self.graphs_wanted else synchronize)  # a graph never waits
         self.eager = EagerStep(self.model, self.optimizer, self.reducer, self.timer, self.totals,
@@ -113,7 +113,7 @@ class Trainer:
         if self.comm.size == 1:
             return tuple(bool(flag) for flag in flags)
         rows = self.comm.allgather_values([*flags, *timing])
-        if timing:
+        if timing and self.stragglers:
             self.stragglers.add(rows[:, len(flags):])
         return tuple(bool(flag) for flag in rows[:, :len(flags)].any(axis=0))
 
@@ -183,7 +183,7 @@ class Trainer:
             logged = (position.step + 1) % config.print_freq == 0 or position.step + 1 == steps
             watchdog.doing("decision")
             nonfinite, stopping = self.any_rank(step.end(check=logged), stop.requested is not None,
-                                                timing=self.step_timing() if self.stragglers else ())
+                                                timing=self.step_timing() if self.comm.size > 1 else ())
             self.totals.skipped = skipped_before + loader.skipped
             if nonfinite:
                 self.stop_for_nonfinite_loss()
@@ -235,7 +235,7 @@ class Trainer:
         split = self.timer.epoch_report()
         if self.comm.size > 1:  # rank 0's communication per step: the wait after backward, and all of it
             metrics.update(allreduce_seconds=split["allreduce"], communication_seconds=split.get("communication", 0.0),
-                           **self.stragglers.epoch_report())
+                           **(self.stragglers.epoch_report() if self.stragglers else {}))
         with naming_the_batch(plan.micro_batch):
             metrics.update(self.evaluate() if self.trace is None else self.trace.around_evaluation(self.evaluate))
         self.position.next_epoch()

@@ -45,7 +45,7 @@ from minidl.fileio import write_json_atomic
 from minidl.kernels import loader
 from minidl.kernels.autotune import STATUSES, Plan, comparable, compared_run, disagreement, relative_error
 from minidl.kernels.batchnorm import NORM, NORM_FIELDS
-from minidl.kernels.conv_v2 import DRELU, FUSIONS, NORMALIZE, PASSES, STATS, TILES, Fusion
+from minidl.kernels.conv_v2 import DRELU, FUSIONS, NORMALIZE, PASSES, STATS, TILES, Fusion, kernel_kind
 
 STOPPED = 3  # the child's exit status after a plan that raised
 PLAN_TIMEOUT = 120.0  # seconds one plan may take in the child (the CPU emulator is the slow one); --plan-timeout
@@ -83,7 +83,7 @@ def canary_plans():
             if not tile.serves(conv_pass):
                 continue
             for fuse in FUSIONS[conv_pass]:
-                kind = conv_pass + (f"+{Fusion(fuse).label()}" if fuse else "")
+                kind = kernel_kind(conv_pass, fuse)
                 for splits in (1,) if Fusion(fuse).whole_reduction else (1, SPLITS):
                     plan = Plan("v2", tile.name, splits)
                     plans.append(CanaryPlan(plan.kernel_name(kind), conv_pass, fuse, plan))

@@ -132,7 +132,7 @@ class ConvKernels(Launcher):
         first = self.v1_plan(conv_pass, operands, geometry)
         if self.tuner is None:
             return first
-        kind = conv_pass + (f"+{fusion.label()}" if fusion is not None and fusion.bits else "")
+        kind = conv_v2.kernel_kind(conv_pass, fusion.bits if fusion is not None else 0)
         groups = f" in groups of {fusion.group_images}" if fusion is not None else ""
         key = f"{kind}{groups} {first.tile} {'x'.join(map(str, geometry))}"
         tolerance = TOLERANCE["bf16" if operands[0].dtype == BF16 else "tf32"]

@@ -52,6 +52,12 @@ class Fusion(NamedTuple):
                         if self.bits & bit)
 
 
+def kernel_kind(conv_pass, fusion_bits=0):
+    """The kind of kernel a pass with this fusion runs, as the tuner keeps its statuses: the
+    canary's validation and the tuner's lookups must name a kernel alike."""
+    return conv_pass + (f"+{Fusion(fusion_bits).label()}" if fusion_bits else "")
+
+
 class V2Tile:
     """One V2Tile of conv_v2.cu: data type, the block's BM×BN tile, BK reduction elements per
     stage, warp tiles of WM×WN, `stages` stages in flight."""

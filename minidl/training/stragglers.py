@@ -2,8 +2,8 @@
 
 Each step, every rank's compute seconds (data wait, forward and backward: the work before the
 gradient exchange) and its exposed wait for the reduction reach every rank in the step's one
-collective decision (Trainer.any_rank), so this costs no message of its own. `add(rows)`
-takes them; `report()` (steps.jsonl, every --print-freq steps) and `epoch_report()`
+collective decision (Trainer.any_rank), so this costs no message of its own; rank 0, which
+reports them, keeps them: `add(rows)` takes them; `report()` (steps.jsonl, every --print-freq steps) and `epoch_report()`
 (metrics.jsonl) give, as means over their steps:
 
     compute_fastest, compute_median, compute_slowest   seconds of compute per step over the ranks
@@ -42,10 +42,23 @@ class Steps:
                   "slowest_share": counts.max() / steps,
                   "straggler_wait": ((size * slowest - compute.sum(axis=1)) / (size - 1)).mean()}
         if epoch:
-            others = numpy.array([numpy.median(numpy.delete(compute, r, axis=1), axis=1) for r in range(size)]).T
-            share = (compute >= SLOWER * others).mean(axis=0)
+            share = (compute >= SLOWER * median_of_others(compute)).mean(axis=0)
             record.update(straggler=int(share.argmax()) if share.max() > 0.5 else None, straggler_share=share.max())
         return {name: float(value) if isinstance(value, numpy.floating) else value for name, value in record.items()}
+
+
+def median_of_others(compute):
+    """[step, rank]: the median of the other ranks' values in the step, from one sort per step
+    (removing rank r's value from the sorted row shifts the elements after its place by one)."""
+    order = numpy.argsort(compute, axis=1, kind="stable")
+    ordered = numpy.take_along_axis(compute, order, axis=1)
+    place = numpy.argsort(order, axis=1)  # each rank's index in its step's sorted row
+    others = compute.shape[1] - 1
+
+    def of_others(i):  # the others' i-th smallest, for every (step, rank)
+        return numpy.take_along_axis(ordered, numpy.where(i < place, i, i + 1), axis=1)
+
+    return of_others(others // 2) if others % 2 else (of_others(others // 2 - 1) + of_others(others // 2)) / 2
 
 
 class Stragglers:
