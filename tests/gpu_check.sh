@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (DESIGN.md §7): on one GPU, in under 8 minutes, offline, with the
+# The prepared GPU check (docs/design.md §7): on one GPU, in under 8 minutes, offline, with the
 # project NOT installed (PYTHONPATH = the repository), first what can fault and what never ran,
 # then what times, and OUTDIR/report.json at the end.
 #

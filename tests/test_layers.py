@@ -1,4 +1,4 @@
-"""The architecture's rules, read from the source (DESIGN.md §1): data flows one way, so lower
+"""The architecture's rules, read from the source (docs/design.md §1): data flows one way, so lower
 layers never import upper ones; the module-level imports form no cycle; an op chooses its
 implementation through the one seam (minidl.ops.dispatch), never by guessing from attributes;
 only minidl.environment reads MINIDL_* variables; only the command lines know argparse."""

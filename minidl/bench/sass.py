@@ -18,7 +18,7 @@ the body), so the counts are those of the code, not of a run. Per kernel:
   local_loads_stores, local_memory_bytes   LDL/STL in the whole kernel, stack frame (ptxas)
   registers, spill_bytes                   from ptxas -v (spill stores + loads)
 
-DESIGN.md §3 says what good looks like: few instructions per MMA, fragments through LDSM, no
+docs/design.md §3 says what good looks like: few instructions per MMA, fragments through LDSM, no
 generic LD/ST in the loop, 16-byte LDGSTS, no local memory. The kernel loader, or anyone, can
 audit any source through `audit(path, names, options)`.
 """

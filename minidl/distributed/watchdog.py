@@ -25,7 +25,7 @@ eager send completes without the receiver. A rank not heard from for SILENT_SECO
 stopped; one heard from but not waiting where the waiting rank waits is alive but elsewhere
 (slow, or in another collective). The thread needs MPI_THREAD_MULTIPLE (mpi4py asks for it);
 without it the deadlines hold but no rank can be told apart, and the lines say so. Its cost
-(measured, README "Checkpoints, preemption and faults"): the thread's 2.4 ms of CPU a second on
+(measured, docs/distributed.md "Checkpoints, preemption and faults"): the thread's 2.4 ms of CPU a second on
 rank 0, polled waits as fast as blocking ones, about 0.3% of the default model's step.
 
 On the GPU (NCCL) a collective's wait polls its CUDA event against the same deadline, and the

@@ -22,7 +22,7 @@ def selftest(emulated):  # `emulated` skips where there is no compiler
 
 
 def test_shared_memory_shuffles_and_atomics(selftest):
-    """DESIGN.md's benchmark: a 5-block × 96-thread reduction (static shared memory, warp
+    """docs/design.md §3's benchmark: a 5-block × 96-thread reduction (static shared memory, warp
     shuffles, __syncthreads, an atomic); a 470-element input leaves the last block partial."""
     x = numpy.arange(470, dtype=numpy.float32)
     block_sums, total = numpy.zeros(5, numpy.float32), numpy.zeros(1, numpy.float32)

@@ -106,7 +106,7 @@ def normalizes(kernel):
 
 @pytest.mark.parametrize("family, kernel", V2_KERNELS)
 def test_v2_main_loop_meets_the_bar(default_rows, family, kernel):
-    """DESIGN.md §3: fragments through LDSM, no generic LD/ST in the main loop, no local memory,
+    """docs/design.md §3: fragments through LDSM, no generic LD/ST in the main loop, no local memory,
     and at most 2.5 instructions per HMMA; a kernel that also normalizes its operand in shared
     memory (a 16-byte read, fma.rn.relu per element pair, a predicated 16-byte write per chunk)
     at most 4."""
