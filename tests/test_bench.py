@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test runs `python -m minidl.bench` in a child process
+
 
 def bench(*args):
     return subprocess.run([sys.executable, "-m", "minidl.bench", *args], capture_output=True, text=True, timeout=300)

@@ -96,6 +96,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint_and_no_temporary(tmp_path
     assert path.read_bytes() == good and os.listdir(tmp_path) == ["c.h5"]
 
 
+@pytest.mark.slow
 def test_a_killed_writer_leaves_the_previous_checkpoint(tmp_path):
     """A process that dies between writing and renaming (kill -9, power loss) leaves its temporary
     file, which no one takes for a checkpoint, and the old checkpoint under the final name."""

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test runs `python -m minidl.bench loader` in a child process
+
 
 def bench(*args):
     return subprocess.run([sys.executable, "-m", "minidl.bench", "loader", *map(str, args)],

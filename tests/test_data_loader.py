@@ -265,6 +265,7 @@ def _gone(pid, seconds=5.0):
 
 
 @pytest.mark.parametrize("how", ["ctrl-c waiting for a batch", "ctrl-c in a step", "parent-killed"])
+@pytest.mark.slow
 def test_workers_stop_on_ctrl_c_and_when_the_parent_dies(how):
     """Ctrl-C: SIGINT to the whole process group, as a terminal sends it, while the loader
     waits for a batch or while the training step runs. Parent killed: SIGKILL to the parent

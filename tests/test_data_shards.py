@@ -104,6 +104,7 @@ def test_a_truncated_missing_or_foreign_shard_is_reported_with_its_path(prepared
     assert open_dataset(prepared[1], "val")  # val shards are fine
 
 
+@pytest.mark.slow
 def test_prepare_resumes_after_being_killed_midway(tmp_path):
     src = make_tree(tmp_path / "src", {"train": {"a": 30, "b": 30}, "val": {"a": 2, "b": 2}},
                     size=(200, 150), ext="JPEG")

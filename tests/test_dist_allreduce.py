@@ -8,6 +8,8 @@ import pytest
 
 from mpi.launch import run_checks
 
+pytestmark = pytest.mark.slow  # every test runs under mpiexec
+
 
 @pytest.mark.parametrize("ranks", range(1, 9))
 def test_allreduce_algorithms_sum_exactly(ranks):

@@ -59,6 +59,7 @@ def test_one_rank_needs_no_mpi():
         comm.reduce_scatter(np.zeros(4), np.zeros(3))
 
 
+@pytest.mark.slow
 def test_srun_tasks_that_mpi_does_not_join_are_refused():
     """Run apart: it initializes MPI, which this process must not (see the test above)."""
     pytest.importorskip("mpi4py", reason="pip install -e '.[test]' installs mpi4py")

@@ -61,6 +61,7 @@ def test_model_mode_prints_the_three_cluster_sizes(capsys):
     assert "a run's default grid, 25 MiB buckets: 32x34" in out and "one bucket: 64x17" in out
 
 
+@pytest.mark.slow
 def test_benchmark_under_mpiexec_then_calibration(tmp_path, capsys):
     path = tmp_path / "bench.json"
     result = run("minidl.bench", 4, "allreduce", "--sizes-mb", "0.1,1", "--repeat", "2",
@@ -113,6 +114,7 @@ def test_a_given_grid_overrides_the_model():
         grid.predict(8, 4, [1e6], shape=(2, 3))
 
 
+@pytest.mark.slow
 def test_the_layout_comes_from_the_node_communicator():
     assert run_checks("check_grid.py", 8, timeout=90).startswith("8 ranks passed")
     assert run_checks("check_grid.py", 4, env={"MINIDL_RANKS_PER_NODE": "2"}, timeout=90).startswith("4 ranks passed")

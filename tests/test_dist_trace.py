@@ -13,6 +13,8 @@ from minidl.distributed import costmodel, grid
 from minidl.training import chrome_trace
 from mpi.launch import run
 
+pytestmark = pytest.mark.slow  # every test trains under mpiexec
+
 EPS = 1e-3  # µs: the rounding of ts and dur in the file
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FLAGS = ["--model", "resnet20", "-b", 4, "--epochs", 1, "--train-crop-size", 16, "--val-crop-size", 16,

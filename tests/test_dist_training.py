@@ -5,6 +5,8 @@ import pytest
 
 from mpi.launch import run_checks
 
+pytestmark = pytest.mark.slow  # every test trains under mpiexec
+
 
 @pytest.mark.parametrize("ranks", [1, 2, 4, 6, 8])
 def test_data_parallel_training(ranks):

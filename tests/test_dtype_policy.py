@@ -35,6 +35,7 @@ def test_the_configuration_refuses_gpu_flags(flag):
     [sys.executable, "-m", "minidl.bench", "step", "--amp", "--model", "resnet20"],
     [sys.executable, "-m", "minidl.bench", "step", "--cuda-graph", "--model", "resnet20"],
 ])
+@pytest.mark.slow
 def test_the_command_lines_refuse_gpu_flags_in_one_line(command):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2

@@ -43,6 +43,7 @@ def assert_valid_png(path):
         image.verify()
 
 
+@pytest.mark.slow
 def test_module_entry_point_writes_every_figure(run_dir):
     done = subprocess.run([sys.executable, "-m", "minidl.plot", str(run_dir)], capture_output=True, text=True,
                           timeout=120)

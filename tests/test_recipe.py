@@ -174,6 +174,7 @@ def test_ghost_batch_norm_trains_like_accumulated_workers(tmp_path):
     assert np.abs(whole["optimizer/params"] - accumulated["optimizer/params"]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_batch_size_control_under_mpiexec_grows_accumulation_and_rate(tmp_path):
     """2 ranks, global batch 32 then 64 with micro-batches capped at 16: the second epoch
     accumulates 2 micro-batches per rank and runs at twice the rate."""

@@ -18,6 +18,8 @@ from minidl.checkpoint import load_checkpoint
 from minidl.data import make_embedded_dataset
 from mpi.launch import mpiexec, require_mpi
 
+pytestmark = pytest.mark.slow  # every test trains in child processes, some under mpiexec
+
 REPO = Path(__file__).resolve().parents[1]
 DETERMINISTIC = ("epoch", "train_loss", "val_loss", "val_top1", "val_top5", "lr", "global_batch")
 
@@ -199,7 +201,6 @@ def test_resume_on_another_world_size_keeps_the_global_batch(data, tmp_path):
     assert meta["world_size"] == 2 and [m["global_batch"] for m in metrics] == [16, 16]
 
 
-@pytest.mark.slow
 def test_resume_on_ranks_that_cannot_split_the_global_batch_names_those_that_can(data, tmp_path):
     require_mpi()
     process = start(command(data, tmp_path, "--checkpoint-every", 2))

@@ -94,6 +94,7 @@ def print_schedule(*args):
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_print_schedule_goyal_example():
     rows = print_schedule("--recipe", "goyal", "--world-size", "256", "--dataset-size", "1281167")
     assert len(rows) == 90
@@ -106,6 +107,7 @@ def test_print_schedule_goyal_example():
     assert set(rows[0]) >= {"epoch", "global_batch", "per_rank_batch", "accum_steps", "lr"}
 
 
+@pytest.mark.slow
 def test_print_schedule_batch_control_with_a_cap():
     rows = print_schedule("--batch-schedule", "0:512,2:1024", "--max-per-rank-batch", "128", "--world-size", "2",
                           "--dataset-size", "10000", "--epochs", "4", "--lr", "0.1", "--lr-scheduler", "constant")
@@ -114,6 +116,7 @@ def test_print_schedule_batch_control_with_a_cap():
     assert [r["lr"] for r in rows] == pytest.approx([0.2, 0.2, 0.4, 0.4])
 
 
+@pytest.mark.slow
 def test_a_per_rank_batch_schedule_scales_with_the_world():
     schedule = BatchSchedule.parse("0:16/rank,30:32/rank", world_size=2176)
     assert [schedule.global_batch(e) for e in (0, 29, 30)] == [34816, 34816, 69632]
@@ -130,6 +133,7 @@ def test_a_per_rank_batch_schedule_scales_with_the_world():
     ("sony", 3456, {0: 55296, 30: 110592}, 0.1 * 55296 / 256),
     ("sony122", 3456, {0: 55296, 89: 55296}, 0.1 * 55296 / 256),                   # the 122-second run
 ])
+@pytest.mark.slow
 def test_print_schedule_of_the_sony_presets(recipe, world, batches, peak_lr):
     rows = print_schedule("--recipe", recipe, "--world-size", str(world), "--dataset-size", "1281167")
     assert len(rows) == 90

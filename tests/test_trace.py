@@ -124,6 +124,7 @@ def test_without_trace_steps_there_is_no_recorder(small_data, tmp_path, monkeypa
     (["--trace-steps", "three"], "write e.g. 3:5"),
     (["--trace", "t.json"], "--trace t.json needs --trace-steps A:B"),
 ])
+@pytest.mark.slow
 def test_bad_trace_flags_give_one_line_and_exit_2(args, expected, tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)

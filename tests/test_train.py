@@ -53,6 +53,7 @@ def learnable_data(tmp_path_factory):
                                  image_size=16)
 
 
+@pytest.mark.slow
 def test_training_with_fused_batch_norm_reaches_the_accuracy_of_separate_ops(learnable_data, tmp_path):
     """Measured with separate ops (--no-fuse): 83.0% and 77.0% val top-1 for seeds 0 and 1 (fused:
     78.5% and 86.0%); the bound leaves the seed-to-seed spread below the lower one."""
@@ -87,6 +88,7 @@ def train_cli(*args, cwd):
     (["--lr-steps", "30,x"], "is not a comma-separated list"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
+@pytest.mark.slow
 def test_bad_flags_give_one_line_and_exit_2(args, expected, tmp_path):
     result = train_cli(*args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
@@ -96,6 +98,7 @@ def test_bad_flags_give_one_line_and_exit_2(args, expected, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_bad_data_paths_give_one_line_and_exit_2(tmp_path):
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "image.png").write_bytes(b"")

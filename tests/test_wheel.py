@@ -29,6 +29,8 @@ from minidl import kernels  # noqa: E402
 from minidl.backend import BF16  # noqa: E402
 from mpi.launch import mpiexec, require_mpi  # noqa: E402
 
+pytestmark = pytest.mark.slow  # builds a wheel and installs it into a fresh environment
+
 TIMEOUT = 300
 
 

@@ -4,9 +4,12 @@ and the report (ratios, target summaries, table)."""
 import subprocess
 import sys
 
+import pytest
+
 from minidl.bench import kernels as bench
 
 
+@pytest.mark.slow
 def test_says_it_needs_a_gpu_and_exits_2():
     result = subprocess.run([sys.executable, "-m", "minidl.bench", "kernels"], capture_output=True, text=True,
                             env={"MINIDL_DEVICE": "cpu", "PATH": ""}, timeout=120)
@@ -41,6 +44,7 @@ def test_report_ratios_targets_and_table():
     assert "400.0 TFLOP/s" in table and "3000 GB/s" in table and "boom" in table and "multiples of 8" in table
 
 
+@pytest.mark.slow
 def test_measuring_code_with_emulated_kernels_and_cpu_torch(emulated, monkeypatch):
     """The benchmark's own code, where a GPU would run it: PyTorch on the CPU stands in for cuDNN,
     NumPy for CuPy, the emulator for the GPU, a counting stub for the CUDA-event timer. Each

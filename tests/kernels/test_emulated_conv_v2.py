@@ -105,6 +105,7 @@ def every_plan_ok(known, record):
         record(plan.name, {"status": "ok", "error": None, "max_error": 0.0, "seconds": 0.0})
 
 
+@pytest.mark.slow
 def test_the_autotuner_keeps_the_fastest_and_caches_it(emulated, tmp_path):
     shape = n, h, w, c, k, r, stride, padding = (1, 5, 7, 64, 72, 3, 1, 1)
     operands = (numpy.zeros((n, h, w, c), dtype=numpy.uint16), numpy.zeros((k, r, r, c), dtype=numpy.uint16))
@@ -175,6 +176,7 @@ def test_no_timing_during_a_graph_capture(emulated):
 
 
 @pytest.mark.parametrize("mode", ["bf16", "tf32"])
+@pytest.mark.slow
 def test_a_misaligned_operand_is_copied_not_refused(emulated, mode):
     """A view 2 (bf16) or 4 (float32) bytes into its allocation cannot feed the tensor-core tiles'
     16-byte copies: it is copied to an aligned buffer, and the result is the aligned operand's,

@@ -29,6 +29,7 @@ def test_forward_normalized_with_statistics(emulated, case):
     checks.check_forward(emulated, numpy, *case)
 
 
+@pytest.mark.slow
 def test_forward_statistics_alone_and_an_evaluation_norm(emulated):
     """STATS alone (the chain's first convolution); NORMALIZE alone with one group of all the
     images (evaluation: the running statistics' norm)."""
@@ -38,6 +39,7 @@ def test_forward_statistics_alone_and_an_evaluation_norm(emulated):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.slow
 def test_grad_input_through_the_batch_norm(emulated, case):
     checks.check_grad_input(emulated, numpy, *case)
 
@@ -60,6 +62,7 @@ def test_split_grad_weight_and_the_table_limit(emulated):
 
 @pytest.mark.parametrize("case", [("bf16", 32, 7, 7, 16, 16, 3, 1, 1, 2), ("bf16", 32, 14, 14, 16, 16, 3, 2, 1, 2)],
                          ids=["7x7", "14x14-stride2"])
+@pytest.mark.slow
 def test_grad_weight_whose_table_fills_the_allocation(emulated, case):
     """32 images in groups of 2 on the 256-wide tile: the table of 16 groups fills
     NORM_TABLE_BYTES, which ends the block's shared memory, and 32·7·7 pixels end mid-tile. A

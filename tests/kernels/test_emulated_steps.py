@@ -78,6 +78,7 @@ TINY_RESNETS = {
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.slow
 def test_fused_model_steps_as_the_separate_ops_on_the_kernels(emulated_gpu, amp):
     """Without a tuner each fused pass takes its v1 plan, the separate ops' kernels composed: in
     float32 the same step bit for bit; in bf16 a projection's normalized shortcut is added
@@ -110,6 +111,7 @@ class PreferV2:
         return plans[-1]
 
 
+@pytest.mark.slow
 def test_fused_model_on_the_v2_kernels_steps_as_the_separate_ops(emulated_gpu):
     """A bf16 (--amp) step whose fused passes run the v2 kernels (statistics in the epilogue,
     the normalizing load, grad-input's masked epilogue, grad-weight's normalizing load) against
@@ -140,6 +142,7 @@ def test_fused_model_on_the_v2_kernels_steps_as_the_separate_ops(emulated_gpu):
 
 
 @pytest.mark.parametrize("name", TINY_RESNETS)
+@pytest.mark.slow
 def test_amp_step_against_the_float32_step(emulated_gpu, name):
     step_checks.check_amp_step(numpy, seeded(TINY_RESNETS[name]), (4, 8, 8, 3), 10, step_checks.AMP_TOLERANCE["tiny"])
 
@@ -163,6 +166,7 @@ class StandInCapture:
         graph()
 
 
+@pytest.mark.slow
 def test_replayed_steps_equal_eager_steps(emulated_gpu):
     cuda = StandInCapture()
     step_checks.check_graph_replay(numpy, seeded(TINY_RESNETS["basic"]), (2, 8, 8, 3), amp=True, graph_cuda=cuda,
@@ -171,6 +175,7 @@ def test_replayed_steps_equal_eager_steps(emulated_gpu):
     assert (cuda.captures, cuda.launches) == (1, 3)
 
 
+@pytest.mark.slow
 def test_each_step_refreshes_the_bf16_weights_after_the_update(emulated_gpu):
     """Under --amp the convolutions read the flat buffer's bf16 copy: it must hold the weights the
     previous update left, i.e. be refreshed inside each step, before its forward pass."""
