@@ -118,7 +118,7 @@ def copy_to_torch(minidl_module, torch_module):
 
 def unfused_block_forward(block, x):
     """A BasicBlock's or Bottleneck's forward written with the unfused ops, as the blocks were
-    before minidl.ops.fused: every BN, ReLU and addition its own op (float data only)."""
+    before minidl.ops.norm_relu: every BN, ReLU and addition its own op (float data only)."""
     out = ops.relu(block.bn1(block.conv1(x)))
     if hasattr(block, "conv3"):
         out = ops.relu(block.bn2(block.conv2(out)))

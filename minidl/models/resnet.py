@@ -14,7 +14,7 @@ N(0, 0.01) for the classifier's weight and 0 for its bias; with `zero_init_resid
 last BN of every residual block starts at γ = 0, so each block starts as the identity.
 
 Every BN that a ReLU follows is fused with it, and a block ends in one fused BN+add+ReLU
-(minidl.ops.fused: one kernel sequence on a GPU, the unfused arithmetic elsewhere). With
+(minidl.ops.norm_relu: one kernel sequence on a GPU, the unfused arithmetic elsewhere). With
 `fuse` (--fuse) the batch norms are fused into the convolutions instead (minidl.ops.normconv):
 each convolution also gives its output's statistics, the next applies BN and ReLU while it
 reads its input, and a block ends in one BN+add+ReLU that also normalizes a projection

@@ -6,7 +6,7 @@ from minidl.autograd import add
 from minidl.ops.activation import relu
 from minidl.ops.cast import to_compute_dtype, to_float
 from minidl.ops.conv import conv2d
-from minidl.ops.fused import batch_norm_add_relu, batch_norm_relu
+from minidl.ops.norm_relu import batch_norm_add_relu, batch_norm_relu
 from minidl.ops.linear import linear
 from minidl.ops.loss import softmax_cross_entropy
 from minidl.ops.norm import batch_norm

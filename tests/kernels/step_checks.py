@@ -1,7 +1,7 @@
 """Checks of the GPU path above single kernels, shared by the CPU-emulation tests (tiny shapes,
 NumPy arrays on the emulated kernels) and the GPU cases (ResNet-50 shapes, CuPy):
 
-check_fused_op      minidl.ops.fused's GPU branch (plain, with a residual, ghost groups; fp32 and
+check_fused_op      minidl.ops.norm_relu's GPU branch (plain, with a residual, ghost groups; fp32 and
                     bf16) against the float64 reference of the unfused ops: forward, running
                     statistics, every gradient (oracle.TOLERANCE)
 check_fused_block   a residual block (its fused ops) against the same block written with the

@@ -1,4 +1,4 @@
-"""The fused ops (minidl.ops.fused) on the reference path: the unfused composition's results bit
+"""The fused ops (minidl.ops.norm_relu) on the reference path: the unfused composition's results bit
 for bit (forward, every gradient, running statistics; plain, with a residual, ghost groups,
 eval), central finite differences, and whole residual networks with fused blocks against the
 same networks with the blocks written with unfused ops. (Their GPU branch runs on the kernel

@@ -1,20 +1,12 @@
-"""Batch norm fused with what follows it in a residual block:
+"""Batch norm followed by ReLU, or by the residual addition and ReLU, as one op (always on):
 
     batch_norm_relu(x, ...)                = relu(batch_norm(x, ...))
     batch_norm_add_relu(x, residual, ...)  = relu(batch_norm(x, ...) + residual)
 
-On a GPU each direction is the batch-norm kernel sequence of kernels/batchnorm.cu with the
-ReLU, and the addition, done while the normalized value is in registers: no separate
-elementwise pass. The backward pass masks the gradient by the output (y > 0) as it reads it and
-writes the residual's gradient in the same pass.
-
-Elsewhere the reference composes the unfused ops' own forward and backward (minidl.ops.norm,
-minidl.ops.activation, and `+` as autograd's Add): the same arithmetic in the same order, so the
-results equal the unfused graph's bit for bit. Only the BN output that the addition and ReLU
-consume is not kept for backward.
-
-Ghost batch norm (`group_size`, training) takes the statistics of each group of images on its
-own, as minidl.ops.norm does; on a GPU, one fused kernel sequence per group.
+On a GPU: kernels/batchnorm.cu's sequence with the ReLU (and addition) done in registers, and
+backward masking by y > 0 and writing the residual's gradient in the same pass. Elsewhere the
+unfused ops' own forward and backward in the same order, so results equal theirs bit for bit.
+Ghost batch norm (`group_size`) normalizes each group of images on its own, as minidl.ops.norm.
 """
 from minidl.backend import get_array_module
 from minidl.ops.activation import ReLU
