@@ -158,10 +158,10 @@ class SGD(FlatOptimizer):
     def stage_step(self):
         """The host half of a step replayed from a CUDA graph: this step's scalars into
         `device_scalars`, in stream order (no host synchronization)."""
-        gpu = _kernels_for_graphs()
+        kernels = _kernels_for_graphs()
         if self.device_scalars is None:
             self.device_scalars = get_array_module(self.flat.data).zeros(3, dtype=numpy.float32)
-        gpu.store_sgd_scalars(self.device_scalars, *self.step_scalars())
+        kernels.store_sgd_scalars(self.device_scalars, *self.step_scalars())
 
     def step_from_device(self):
         """The device half: the update reading the staged scalars when it runs (what a graph
@@ -174,10 +174,10 @@ class SGD(FlatOptimizer):
 
 
 def _kernels_for_graphs():
-    gpu = kernels.active()
-    if gpu is None:
+    active = kernels.active()
+    if active is None:
         raise RuntimeError("the device half of a step (CUDA graphs) runs on the GPU kernels, and there are none")
-    return gpu
+    return active
 
 
 class LARS(FlatOptimizer):

@@ -2,7 +2,10 @@
 
 `run(config)` trains and returns the summary. The loop only sequences named parts
 (minidl.training): the step (eager, or replayed from a CUDA graph), the evaluator, the run's
-state as checkpoints, the run's outputs, the step timer.
+state as checkpoints, the run's outputs, the step timer. An epoch is the step between the hooks
+of the parts triggered around it (minidl.training.parts: watchdog, trace window, progress and
+logging, --checkpoint-every); the epoch's end (metrics, evaluation, its checkpoint, the stop
+decided over all ranks) is `run`'s, since it follows only a complete epoch.
 
 One optimizer step consumes the epoch's global batch: each rank takes `accum_steps`
 micro-batches of its share of one global permutation (Goyal et al., remark 4), their gradients
@@ -28,6 +31,7 @@ single-process SGD run replays each step from a CUDA graph, its loss checked eve
 check, with the state after it in the diagnostic checkpoint. Runs that cannot be captured
 (several processes, LARS, micro-batch accumulation) step eagerly and say so.
 """
+import dataclasses
 import math
 import os
 import socket
@@ -38,6 +42,7 @@ from minidl.checkpoint import CheckpointDir
 from minidl.distributed import watchdog
 from minidl.distributed.grid import bucket_sizes
 from minidl.errors import UserError
+from minidl.training import parts
 from minidl.training.build import agree_on_kernel_plans, build_model, build_optimizer, build_schedule
 from minidl.training.data import RunData
 from minidl.training.evaluator import Evaluator
@@ -50,6 +55,17 @@ from minidl.training.steps import EagerStep, GraphedTrainStep
 from minidl.training.stragglers import Stragglers
 from minidl.training.timer import StepTimer
 from minidl.training.trace import RunTrace
+
+
+@dataclasses.dataclass
+class Epoch:
+    """One epoch's plan of batches, its optimizer steps and loader, and when its loss is logged."""
+    plan: object
+    steps: int
+    loader: object
+    batches: object          # the loader's iterator, from the position on
+    skipped_before: int      # undecodable images of the epoch before this loader's
+    logged: object           # trigger on the steps done: log (and check the loss) after this step
 
 
 class TrainingStopped(Exception):
@@ -152,60 +168,70 @@ class Trainer:
         return self.state.save(self.position, self.totals, diagnostic)
 
     def train_epoch(self, stop):
-        """Train from the current position to the end of the epoch, or until asked to stop.
-        Returns True when the epoch is complete."""
-        config, comm, position = self.config, self.comm, self.position
-        plan = self.plan(position.epoch)
+        """Train from the current position to the end of the epoch, or until asked to stop: each step
+        between the hooks of the epoch's parts (minidl.training.parts). Returns True when the epoch is complete."""
+        epoch = self.begin_epoch()
+        around = self.parts_for(epoch)
+        stopping = False
+        while self.position.step < epoch.steps and not stopping:
+            for part in around:
+                part.before_step(self.position)
+            stopping = self.train_step(epoch, stop)
+            self.position.advance()
+            for part in around:
+                part.after_step(self.position, stopping)
+        for part in around:
+            part.epoch_end()
+        return not stopping
+
+    def begin_epoch(self):
+        """The current epoch's plan, steps and step, its loader at the position; the model in training mode."""
+        position, plan = self.position, self.plan(self.position.epoch)
         loader = self.data.train_loader(plan.micro_batch)
         steps = len(loader) // plan.accum_steps
         if steps == 0:
             raise UserError(f"the training set ({len(self.data.train_set)} images) is smaller than the global batch "
                             f"{plan.global_batch} of epoch {position.epoch}: lower the batch size")
         loader.set_epoch(position.epoch, start_batch=position.step * plan.accum_steps)
-        self.optimizer.grad_scale = 1.0 / (comm.size * plan.accum_steps)
+        self.optimizer.grad_scale = 1.0 / (self.comm.size * plan.accum_steps)
         self.model.train()
-        step = self.step = self.step_for(plan)
-        batches, skipped_before = iter(loader), self.totals.skipped
-        window_start, window_images = time.perf_counter(), 0
-        bar = self.outputs.progress_bar(position.epoch, config.epochs, steps, position.step)
-        while position.step < steps:
-            watchdog.at_step(position.iteration + 1)
-            if self.trace is not None:
-                self.trace.step_starting(position.iteration + 1)
-            step.begin(self.schedule(position.epoch + position.step / steps))
-            for k in range(plan.accum_steps):
-                watchdog.doing("data")
-                images, labels = next(batches)
-                self.timer.mark("data")
-                if len(labels):  # else every image of the batch was undecodable
-                    with naming_the_batch(plan.micro_batch):
-                        step.micro_batch(images, labels, last=k == plan.accum_steps - 1)
-            logged = (position.step + 1) % config.print_freq == 0 or position.step + 1 == steps
-            watchdog.doing("decision")
-            nonfinite, stopping = self.any_rank(step.end(check=logged), stop.requested is not None,
-                                                timing=self.step_timing() if self.comm.size > 1 else ())
-            self.totals.skipped = skipped_before + loader.skipped
-            if nonfinite:
-                self.stop_for_nonfinite_loss()
-            watchdog.doing("update")
-            step.update()
-            self.timer.mark("optimizer")
-            self.timer.end_step()
-            if self.trace is not None:
-                self.trace.step_finished()
-            position.advance()
-            window_images += plan.global_batch
-            bar.update(1)
-            if logged:
-                self.log_steps(bar, plan, steps, window_images / (time.perf_counter() - window_start))
-                window_start, window_images = time.perf_counter(), 0
-            if stopping:
-                bar.close()
-                return False
-            if config.checkpoint_every and position.iteration % config.checkpoint_every == 0 and position.step < steps:
-                self.save_checkpoint()
-        bar.close()
-        return True
+        self.step = self.step_for(plan)
+        return Epoch(plan, steps, loader, iter(loader), self.totals.skipped, parts.every(self.config.print_freq, steps))
+
+    def parts_for(self, epoch):
+        """What runs around each step of `epoch`, in the order of its hooks."""
+        config, position = self.config, self.position
+        bar = self.outputs.progress_bar(position.epoch, config.epochs, epoch.steps, position.step)
+        return [parts.WatchdogStep(),
+                *([parts.TraceWindow(self.trace)] if self.trace is not None else []),
+                parts.Progress(bar, epoch.logged, epoch.plan.global_batch,
+                               lambda bar, rate: self.log_steps(bar, epoch.plan, epoch.steps, rate)),
+                parts.Checkpoints(config.checkpoint_every, epoch.steps, self.save_checkpoint)]
+
+    def train_step(self, epoch, stop):
+        """One optimizer step of `epoch`: its micro-batches, then ONE collective decides over all ranks
+        whether the loss is non-finite (the run stops with a diagnostic checkpoint) and whether to stop
+        after this step (returned), the step's timing riding along; then the update."""
+        plan, step, position = epoch.plan, self.step, self.position
+        step.begin(self.schedule(position.epoch + position.step / epoch.steps))
+        for k in range(plan.accum_steps):
+            watchdog.doing("data")
+            images, labels = next(epoch.batches)
+            self.timer.mark("data")
+            if len(labels):  # else every image of the batch was undecodable
+                with naming_the_batch(plan.micro_batch):
+                    step.micro_batch(images, labels, last=k == plan.accum_steps - 1)
+        watchdog.doing("decision")
+        nonfinite, stopping = self.any_rank(step.end(check=epoch.logged(position.step + 1)), stop.requested is not None,
+                                            timing=self.step_timing() if self.comm.size > 1 else ())
+        self.totals.skipped = epoch.skipped_before + epoch.loader.skipped
+        if nonfinite:
+            self.stop_for_nonfinite_loss()
+        watchdog.doing("update")
+        step.update()
+        self.timer.mark("optimizer")
+        self.timer.end_step()
+        return stopping
 
     def stop_for_nonfinite_loss(self):
         path = self.save_checkpoint(diagnostic=True)

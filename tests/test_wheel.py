@@ -138,6 +138,6 @@ def test_the_installed_kernel_sources_compile_and_run_on_the_emulator(installed)
     assert "site-packages" in found and found.endswith("minidl/cuda_sources/amp.cu"), found
     amp = kernels.FAMILIES["amp"]
     module = emulator.load(found, amp.NAMES, tuple(sorted(amp.DEFINES.items())))
-    gpu = kernels.Kernels(lambda family: module, 2)
+    emulated = kernels.Kernels(lambda family: module, 2)
     values = numpy.random.default_rng(0).standard_normal(1000).astype(numpy.float32)
-    assert numpy.array_equal(gpu.cast(values, BF16), oracle.to_bf16(values))
+    assert numpy.array_equal(emulated.cast(values, BF16), oracle.to_bf16(values))

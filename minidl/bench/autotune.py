@@ -61,9 +61,9 @@ def operands(xp, conv_pass, mode, shape):
         return values if mode == "tf32" else (values.view(numpy.uint32) >> 16).astype(numpy.uint16)  # bf16 bits
 
     x, wt, gy = draw((n, h, w, c)), draw((k, r, r, c)), draw((n, p, p, k))
-    return {"conv_fwd": lambda gpu: gpu.conv_forward(x, wt, stride, padding),
-            "conv_dgrad": lambda gpu: gpu.conv_grad_input(gy, wt, x.shape, stride, padding),
-            "conv_wgrad": lambda gpu: gpu.conv_grad_weight(x, gy, wt.shape, stride, padding)}[conv_pass]
+    return {"conv_fwd": lambda kernels: kernels.conv_forward(x, wt, stride, padding),
+            "conv_dgrad": lambda kernels: kernels.conv_grad_input(gy, wt, x.shape, stride, padding),
+            "conv_wgrad": lambda kernels: kernels.conv_grad_weight(x, gy, wt.shape, stride, padding)}[conv_pass]
 
 
 def row_of(key, candidates, choice):
@@ -89,14 +89,14 @@ HEADER = f"{'pass, dtype, geometry':58} {'v1 ms':>8} {'v2 ms':>8} {'v1/v2':>6}  
 
 def main(argv):
     args = parse_args(argv)
-    gpu, xp = device_kernels()
-    if gpu.tuner is None:
+    kernels, xp = device_kernels()
+    if kernels.tuner is None:
         raise UserError("MINIDL_AUTOTUNE=0 turns the autotuner off: unset it to time the plans")
     rows = []
 
     def write():
         if args.json:
-            write_json_atomic(args.json, {**gpu.tuner.report(), "rows": rows})
+            write_json_atomic(args.json, {**kernels.tuner.report(), "rows": rows})
 
     write()
     print(HEADER, flush=True)
@@ -105,13 +105,13 @@ def main(argv):
             for conv_pass in PASSES:
                 if (conv_pass == "conv_dgrad" and name.startswith("conv1")) or shape[3] % 8:
                     continue  # the image needs no gradient; the stem's 3 channels run on v1's SIMT tile
-                before = set(gpu.tuner.choices)
-                operands(xp, conv_pass, mode, shape)(gpu)
-                for key in sorted(set(gpu.tuner.choices) - before):
-                    rows.append(row_of(key, gpu.tuner.candidates.get(key, []), gpu.tuner.choices[key].label()))
+                before = set(kernels.tuner.choices)
+                operands(xp, conv_pass, mode, shape)(kernels)
+                for key in sorted(set(kernels.tuner.choices) - before):
+                    rows.append(row_of(key, kernels.tuner.candidates.get(key, []), kernels.tuner.choices[key].label()))
                     write()
                     print(format_row(rows[-1]), flush=True)
-    report = gpu.tuner.report()
+    report = kernels.tuner.report()
     write()
     speedups = [r["v2_speedup"] for r in rows if r["v2_speedup"]]
     if speedups:

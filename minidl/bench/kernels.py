@@ -223,16 +223,16 @@ def _measure(rows, row, timer, torch, setup):
     rows.append(row)
 
 
-def bench_convs(gpu, cupy, torch, timer, modes, batch, rows, convs=None):
+def bench_convs(kernels, cupy, torch, timer, modes, batch, rows, convs=None):
     """Every pass of each convolution of `convs` (a function of the batch size; ResNet-50's by
     default) in each mode."""
     for name, shape in (convs or resnet50_convs)(batch).items():
         n, h, w, c, k, r, stride, padding = shape
         p = (h + 2 * padding - r) // stride + 1
         for mode in modes:
-            gpu.allow_tf32 = mode != "fp32"
+            kernels.allow_tf32 = mode != "fp32"
             try:
-                tile = gpu.conv_tile(numpy.uint16 if mode == "bf16" else numpy.float32, c, k).name
+                tile = kernels.conv_tile(numpy.uint16 if mode == "bf16" else numpy.float32, c, k).name
             except ValueError as error:  # bf16 needs channel counts that are multiples of 8
                 rows.append({"op": "conv", "layer": name, "mode": mode, "skipped": str(error)})
                 continue
@@ -243,17 +243,17 @@ def bench_convs(gpu, cupy, torch, timer, modes, batch, rows, convs=None):
                 def setup(pass_=pass_, shape=shape, mode=mode):
                     tensors, theirs = _torch_conv(torch, mode, shape, pass_)
                     x, wt, gy = (_to_cupy(cupy, torch, t) for t in tensors)
-                    ours = {"fwd": lambda: gpu.conv_forward(x, wt, stride, padding),
-                            "dgrad": lambda: gpu.conv_grad_input(gy, wt, x.shape, stride, padding),
-                            "wgrad": lambda: gpu.conv_grad_weight(x, gy, wt.shape, stride, padding)}[pass_]
+                    ours = {"fwd": lambda: kernels.conv_forward(x, wt, stride, padding),
+                            "dgrad": lambda: kernels.conv_grad_input(gy, wt, x.shape, stride, padding),
+                            "wgrad": lambda: kernels.conv_grad_weight(x, gy, wt.shape, stride, padding)}[pass_]
                     return ours, theirs, lambda: _agreement(cupy, torch, ours(), theirs())
                 row = {"op": f"conv {pass_}", "layer": name, "mode": mode, "tile": tile,
                        "flop": 2.0 * n * p * p * k * r * r * c}
                 _measure(rows, row, timer, torch, setup)
-    gpu.allow_tf32 = True
+    kernels.allow_tf32 = True
 
 
-def _batch_norm_case(gpu, cupy, torch, shape, dtype):
+def _batch_norm_case(kernels, cupy, torch, shape, dtype):
     """{"fwd" | "bwd": (ours, theirs, validate)} for one BN shape, on the same random inputs."""
     n, h, w, channels = shape
     tx = torch.randn(n, channels, h, w, device=DEVICE, dtype=dtype).to(memory_format=torch.channels_last)
@@ -261,19 +261,19 @@ def _batch_norm_case(gpu, cupy, torch, shape, dtype):
     mean, var = torch.zeros(channels, device=DEVICE), torch.ones(channels, device=DEVICE)
     x = _to_cupy(cupy, torch, tx)
     g, b, rm, rv = (cupy.asarray(t.clone()) for t in (gamma, beta, mean, var))
-    y, saved = gpu.batch_norm_forward(x, g, b, rm, rv, True, 0.1, 1e-5)
+    y, saved = kernels.batch_norm_forward(x, g, b, rm, rv, True, 0.1, 1e-5)
     ty, save_mean, save_invstd = torch.ops.aten.native_batch_norm(tx, gamma, beta, mean.clone(), var.clone(),
                                                                   True, 0.1, 1e-5)
-    return {"fwd": (lambda: gpu.batch_norm_forward(x, g, b, rm, rv, True, 0.1, 1e-5),
+    return {"fwd": (lambda: kernels.batch_norm_forward(x, g, b, rm, rv, True, 0.1, 1e-5),
                     lambda: torch.ops.aten.native_batch_norm(tx, gamma, beta, mean, var, True, 0.1, 1e-5),
                     lambda: _agreement(cupy, torch, y, ty)),
-            "bwd": (lambda: gpu.batch_norm_backward(y, x, saved, True),
+            "bwd": (lambda: kernels.batch_norm_backward(y, x, saved, True),
                     lambda: torch.ops.aten.native_batch_norm_backward(ty, tx, gamma, mean, var, save_mean,
                                                                       save_invstd, True, 1e-5, [True] * 3),
                     None)}
 
 
-def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows, shapes=None):
+def bench_batch_norms(kernels, cupy, torch, timer, modes, batch, rows, shapes=None):
     """BN training forward (statistics, normalize) and backward; fp32 data unless bf16; on
     `shapes` (a function of the batch size; ResNet-50's by default)."""
     for name, shape in (shapes or resnet50_batch_norms)(batch).items():
@@ -283,7 +283,7 @@ def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows, shapes=None):
 
             def setup(op, shape=shape, dtype=dtype, case=case):  # the first call makes the inputs
                 if not case:
-                    case.update(_batch_norm_case(gpu, cupy, torch, shape, dtype))
+                    case.update(_batch_norm_case(kernels, cupy, torch, shape, dtype))
                 return case[op]
             size = math.prod(shape) * itemsize
             _measure(rows, {"op": "bn fwd", "layer": name, "mode": mode, "bytes": 3 * size},  # x twice, y once
@@ -292,7 +292,7 @@ def bench_batch_norms(gpu, cupy, torch, timer, modes, batch, rows, shapes=None):
                      timer, torch, lambda: setup("bwd"))
 
 
-def bench_sgd(gpu, cupy, torch, timer, rows, parameters=None):
+def bench_sgd(kernels, cupy, torch, timer, rows, parameters=None):
     n = round_up(parameters or PARAMETERS_RESNET50, 1024)  # the flat buffer, as FlatParameters pads it
     rng = cupy.random.default_rng(0)
     w, g, u = (rng.standard_normal(n, dtype=cupy.float32) for _ in range(3))
@@ -309,7 +309,7 @@ def bench_sgd(gpu, cupy, torch, timer, rows, parameters=None):
         theirs = optimizer.step
     row = {"op": "sgd", "layer": f"{n} parameters", "mode": "fp32", "bytes": 6 * 4 * n}  # w g u λ read, w u written
     _measure(rows, row, timer, torch,
-             lambda: (lambda: gpu.sgd_momentum_update(w, g, u, 0.1, 0.9, 1.0, decay, False), theirs, None))
+             lambda: (lambda: kernels.sgd_momentum_update(w, g, u, 0.1, 0.9, 1.0, decay, False), theirs, None))
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -378,7 +378,7 @@ def parse_args(argv):
 def main(argv):
     global DEVICE
     args = parse_args(argv)
-    gpu, cupy = device_kernels()  # cupy: NumPy beside an emulated device
+    kernels, cupy = device_kernels()  # cupy: NumPy beside an emulated device
     emulated = cupy is numpy
     DEVICE = "cpu" if emulated else "cuda"
     try:
@@ -415,12 +415,12 @@ def main(argv):
         print("PyTorch is not importable: convolutions and batch norm need it for their inputs and "
               "validation; only SGD is measured", file=sys.stderr)
     if torch is not None and "conv" in only:
-        bench_convs(gpu, cupy, torch, timer, args.modes, args.batch_size, rows, small_convs if small else None)
+        bench_convs(kernels, cupy, torch, timer, args.modes, args.batch_size, rows, small_convs if small else None)
     if torch is not None and "bn" in only:
-        bench_batch_norms(gpu, cupy, torch, timer, args.modes, args.batch_size, rows,
+        bench_batch_norms(kernels, cupy, torch, timer, args.modes, args.batch_size, rows,
                           small_batch_norms if small else None)
     if "sgd" in only:
-        bench_sgd(gpu, cupy, torch, timer, rows, SMALL_PARAMETERS if small else None)
+        bench_sgd(kernels, cupy, torch, timer, rows, SMALL_PARAMETERS if small else None)
     report["rows"], report["summary"] = list(rows), summarize(list(rows), ceilings)
     if args.json == "-":
         print(json.dumps(report))

@@ -116,8 +116,8 @@ class Check:
         return first
 
 
-def run_plan(gpu, xp, canary, references):
-    """(status, max_error, error text) of one canary plan on the Kernels `gpu` over arrays of `xp`
+def run_plan(kernels, xp, canary, references):
+    """(status, max_error, error text) of one canary plan on `kernels` (a Kernels) over arrays of `xp`
     (the same data for every plan of a pass and data type)."""
     n, h, w, c, k, r, stride, padding = SHAPES[canary.dtype][canary.conv_pass]
     rng = numpy.random.default_rng(0)
@@ -134,19 +134,19 @@ def run_plan(gpu, xp, canary, references):
     norm[:, NORM["shift"]] = rng.uniform(-0.5, 0.5, (groups, c))
     norm[:, NORM["mean"]], norm[:, NORM["inv_std"]] = rng.uniform(-0.2, 0.2, (groups, c)), 1.0
     norm = xp.asarray(norm)
-    check = gpu.tuner = Check(canary.plan, references)
+    check = kernels.tuner = Check(canary.plan, references)
     fuse = canary.fuse
     if canary.conv_pass == "conv_fwd":
-        gpu.conv_forward_fused(x, wt, stride, padding, norm=norm if fuse & NORMALIZE else None, images=IMAGES,
-                               stats=bool(fuse & STATS))
+        kernels.conv_forward_fused(x, wt, stride, padding, norm=norm if fuse & NORMALIZE else None, images=IMAGES,
+                                   stats=bool(fuse & STATS))
     elif canary.conv_pass == "conv_dgrad" and fuse & DRELU:
-        gpu.conv_grad_input_fused(gy, wt, x, norm, IMAGES, stride, padding)
+        kernels.conv_grad_input_fused(gy, wt, x, norm, IMAGES, stride, padding)
     elif canary.conv_pass == "conv_dgrad":
-        gpu.conv_grad_input(gy, wt, x.shape, stride, padding)
+        kernels.conv_grad_input(gy, wt, x.shape, stride, padding)
     elif fuse & NORMALIZE:
-        gpu.conv_grad_weight_fused(x, gy, wt.shape, norm, IMAGES, stride, padding)
+        kernels.conv_grad_weight_fused(x, gy, wt.shape, norm, IMAGES, stride, padding)
     else:
-        gpu.conv_grad_weight(x, gy, wt.shape, stride, padding)
+        kernels.conv_grad_weight(x, gy, wt.shape, stride, padding)
     if check.error is None:
         return "failed", None, f"the canary's {canary.conv_pass} call asked no tuner: no such plan at its shape"
     if not check.error <= check.tolerance:
@@ -155,9 +155,9 @@ def run_plan(gpu, xp, canary, references):
 
 
 def child(progress, names):
-    from minidl import kernels
-    gpu, xp = kernels.device(), kernels.device_array_module()
-    gpu.allow_tf32 = True  # the TF32 tiles are validated whatever this process's setting
+    from minidl.kernels import device, device_array_module
+    kernels, xp = device(), device_array_module()
+    kernels.allow_tf32 = True  # the TF32 tiles are validated whatever this process's setting
     by_name, references = {p.name: p for p in PLANS}, {}
     with open(progress, "a") as out:
         for name in names:
@@ -165,7 +165,7 @@ def child(progress, names):
             out.flush()
             start = time.perf_counter()
             try:
-                status, max_error, error = run_plan(gpu, xp, by_name[name], references)  # synchronizes
+                status, max_error, error = run_plan(kernels, xp, by_name[name], references)  # synchronizes
             except Exception as failure:  # a compile or launch error, perhaps sticky: record it and stop
                 status, max_error, error = "failed", None, f"{type(failure).__name__}: {failure}".splitlines()[0]
             out.write(json.dumps({"name": name, "status": status, "max_error": max_error, "error": error,

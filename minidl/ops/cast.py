@@ -16,22 +16,22 @@ from minidl.backend import BF16
 
 
 class Cast(Function):
-    def __init__(self, gpu, dtype):
-        self.gpu, self.dtype = gpu, dtype
+    def __init__(self, kernels, dtype):
+        self.kernels, self.dtype = kernels, dtype
 
     def forward(self, x):
         self.source = x.dtype
-        return self.gpu.cast(x, self.dtype)
+        return self.kernels.cast(x, self.dtype)
 
     def backward(self, gy):
-        return self.gpu.cast(gy, self.source)
+        return self.kernels.cast(gy, self.source)
 
 
 def _cast(x, dtype):
-    gpu = kernels.serving(x.data)
-    if gpu is None:
+    serving = kernels.serving(x.data)
+    if serving is None:
         raise TypeError(f"bf16 exists only on the GPU kernels: cannot cast {x.dtype} data to {numpy.dtype(dtype)} here")
-    return Cast(gpu, dtype)(x)
+    return Cast(serving, dtype)(x)
 
 
 def to_compute_dtype(x, dtype):

@@ -266,20 +266,20 @@ class Conv2d(Op):
         gx, gw = grads(gy, self.x, self.w, self.stride, self.padding, self.input_grad_wanted())
         return with_bias_grad(gy, self.has_bias, gx, gw)
 
-    def forward_kernels(self, gpu, x, w, b=None):
-        self.keep_for_kernels(gpu, x, w, b is not None)
-        return add_bias(gpu.conv_forward(x, self.w, self.stride, self.padding), b)
+    def forward_kernels(self, kernels, x, w, b=None):
+        self.keep_for_kernels(kernels, x, w, b is not None)
+        return add_bias(kernels.conv_forward(x, self.w, self.stride, self.padding), b)
 
-    def keep_for_kernels(self, gpu, x, w, has_bias=False):
+    def keep_for_kernels(self, kernels, x, w, has_bias=False):
         """What backward_kernels reads: x, the weight in x's type (its bf16 copy where kept)."""
         self.x, self.w_shape, self.has_bias = x, w.shape, has_bias
-        self.w = self.weight_bf16 if x.dtype == BF16 and self.weight_bf16 is not None else gpu.cast(w, x.dtype)
+        self.w = self.weight_bf16 if x.dtype == BF16 and self.weight_bf16 is not None else kernels.cast(w, x.dtype)
 
-    def backward_kernels(self, gpu, gy):
+    def backward_kernels(self, kernels, gy):
         gx = None  # for an input that needs none, the image: the stem's costly grad-input
         if self.input_grad_wanted():
-            gx = gpu.conv_grad_input(gy, self.w, self.x.shape, self.stride, self.padding)
-        gw = gpu.conv_grad_weight(self.x, gy, self.w_shape, self.stride, self.padding)
+            gx = kernels.conv_grad_input(gy, self.w, self.x.shape, self.stride, self.padding)
+        gw = kernels.conv_grad_weight(self.x, gy, self.w_shape, self.stride, self.padding)
         return with_bias_grad(gy, self.has_bias, gx, gw)
 
 

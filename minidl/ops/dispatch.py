@@ -32,8 +32,8 @@ class Op(Function):
     def backward_reference(self, *grads):
         raise NotImplementedError
 
-    def forward_kernels(self, gpu, *arrays):
+    def forward_kernels(self, kernels, *arrays):
         raise NotImplementedError
 
-    def backward_kernels(self, gpu, *grads):
+    def backward_kernels(self, kernels, *grads):
         raise NotImplementedError

@@ -22,14 +22,14 @@ class Linear(Op):
     def backward_reference(self, gy):
         return with_bias_grad(gy, self.has_bias, matmul(gy, self.w), matmul(gy.T, self.x))
 
-    def forward_kernels(self, gpu, x, w, b=None):
+    def forward_kernels(self, kernels, x, w, b=None):
         self.x, self.w, self.has_bias = x, w, b is not None
-        return add_bias(gpu.conv_forward(as_pixels(x), as_pixels(w), 1, 0).reshape(x.shape[0], w.shape[0]), b)
+        return add_bias(kernels.conv_forward(as_pixels(x), as_pixels(w), 1, 0).reshape(x.shape[0], w.shape[0]), b)
 
-    def backward_kernels(self, gpu, gy):
+    def backward_kernels(self, kernels, gy):
         x, w = self.x, self.w
-        gx = gpu.conv_grad_input(as_pixels(gy), as_pixels(w), as_pixels(x).shape, 1, 0).reshape(x.shape)
-        gw = gpu.conv_grad_weight(as_pixels(x), as_pixels(gy), as_pixels(w).shape, 1, 0).reshape(w.shape)
+        gx = kernels.conv_grad_input(as_pixels(gy), as_pixels(w), as_pixels(x).shape, 1, 0).reshape(x.shape)
+        gw = kernels.conv_grad_weight(as_pixels(x), as_pixels(gy), as_pixels(w).shape, 1, 0).reshape(w.shape)
         return with_bias_grad(gy, self.has_bias, gx, gw)
 
 

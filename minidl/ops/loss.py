@@ -17,11 +17,11 @@ class SoftmaxCrossEntropy(Op):
     def __init__(self, labels, label_smoothing):
         self.labels, self.eps = labels, label_smoothing
 
-    def forward_kernels(self, gpu, logits):  # forward and backward in one pass; backward scales by gy
-        loss, self.grad = gpu.softmax_cross_entropy(logits, self.labels, self.eps)
+    def forward_kernels(self, kernels, logits):  # forward and backward in one pass; backward scales by gy
+        loss, self.grad = kernels.softmax_cross_entropy(logits, self.labels, self.eps)
         return loss
 
-    def backward_kernels(self, gpu, gy):
+    def backward_kernels(self, kernels, gy):
         return self.grad * gy
 
     def forward_reference(self, logits):

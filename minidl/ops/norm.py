@@ -100,14 +100,14 @@ class BatchNorm(Op):
     def state_arrays(self):
         return self.running_mean, self.running_var
 
-    def forward_kernels(self, gpu, x, gamma, beta):
+    def forward_kernels(self, kernels, x, gamma, beta):
         self.x = x
-        y, self.saved = gpu.batch_norm_forward(x, gamma, beta, self.running_mean, self.running_var, self.training,
-                                               self.momentum, self.eps)
+        y, self.saved = kernels.batch_norm_forward(x, gamma, beta, self.running_mean, self.running_var, self.training,
+                                                   self.momentum, self.eps)
         return y
 
-    def backward_kernels(self, gpu, gy):
-        return gpu.batch_norm_backward(gy, self.x, self.saved, self.training)[:3]
+    def backward_kernels(self, kernels, gy):
+        return kernels.batch_norm_backward(gy, self.x, self.saved, self.training)[:3]
 
     def forward_reference(self, x, gamma, beta):
         x2 = x.reshape(-1, x.shape[-1])

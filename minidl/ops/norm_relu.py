@@ -47,20 +47,20 @@ class BatchNormReLU(Op):
         gx, ggamma, gbeta = self.norm.backward(g)
         return (gx, ggamma, gbeta, g) if self.has_residual else (gx, ggamma, gbeta)
 
-    def forward_kernels(self, gpu, x, gamma, beta, residual):
+    def forward_kernels(self, kernels, x, gamma, beta, residual):
         """One kernel sequence per statistics group (image slices)."""
         outputs, self.saved = [], []
         for part in self.groups:
-            y, saved = gpu.batch_norm_forward(x[part], gamma, beta, *self.norm_args,
-                                              None if residual is None else residual[part], relu=True)
+            y, saved = kernels.batch_norm_forward(x[part], gamma, beta, *self.norm_args,
+                                                  None if residual is None else residual[part], relu=True)
             outputs.append(y)
             self.saved.append(saved)
         self.x, self.y = x, _join(outputs)
         return self.y
 
-    def backward_kernels(self, gpu, gy):
-        results = [gpu.batch_norm_backward(gy[part], self.x[part], saved, self.norm_args[2], y=self.y[part],
-                                           residual_grad=self.has_residual)
+    def backward_kernels(self, kernels, gy):
+        results = [kernels.batch_norm_backward(gy[part], self.x[part], saved, self.norm_args[2], y=self.y[part],
+                                               residual_grad=self.has_residual)
                    for part, saved in zip(self.groups, self.saved)]
         gx, ggamma, gbeta, gresidual = zip(*results)
         grads = _join(gx), sum(ggamma[1:], ggamma[0]), sum(gbeta[1:], gbeta[0])

@@ -78,12 +78,12 @@ class BN(NamedTuple):
     def group_images(self, n):
         return group_images(n, self.training, self.group_size)
 
-    def kernel_norm(self, gpu, stats, shape, gamma, beta):
+    def kernel_norm(self, kernels, stats, shape, gamma, beta):
         """The kernels' norm array (minidl.kernels.batchnorm) for an NHWC input of `shape` with
         these statistics (training; the running statistics updated) or none (evaluation)."""
         n, h, w, _ = shape
-        return gpu.batch_norm_affine(stats, gamma, beta, self.running_mean, self.running_var, self.momentum, self.eps,
-                                     self.group_images(n) * h * w)
+        return kernels.batch_norm_affine(stats, gamma, beta, self.running_mean, self.running_var, self.momentum,
+                                         self.eps, self.group_images(n) * h * w)
 
 
 def no_stats(like, channels):
@@ -110,21 +110,21 @@ class Conv2dStats(Conv2d):
     def backward_reference(self, gy, _=None):
         return super().backward_reference(gy)
 
-    def forward_kernels(self, gpu, x, w, norm=None):
+    def forward_kernels(self, kernels, x, w, norm=None):
         """The convolution (of relu(x·scale + shift) with `norm`) and, in training, its output's
         statistics, taken inside the kernel where a plan allows. The input's batch norm and the
         output's statistics share the groups: `self.images` images each."""
-        self.keep_for_kernels(gpu, x, w)
+        self.keep_for_kernels(kernels, x, w)
         training, group_size = self.stats_of
         self.images = group_images(len(x), training, group_size)
         if not training:
-            y = (gpu.conv_forward(x, self.w, self.stride, self.padding) if norm is None else
-                 gpu.conv_forward_fused(x, self.w, self.stride, self.padding, norm, self.images)[0])
+            y = (kernels.conv_forward(x, self.w, self.stride, self.padding) if norm is None else
+                 kernels.conv_forward_fused(x, self.w, self.stride, self.padding, norm, self.images)[0])
             return y, no_stats(x, w.shape[0])
-        return gpu.conv_forward_fused(x, self.w, self.stride, self.padding, norm, self.images, stats=True)
+        return kernels.conv_forward_fused(x, self.w, self.stride, self.padding, norm, self.images, stats=True)
 
-    def backward_kernels(self, gpu, gy, _=None):
-        return super().backward_kernels(gpu, gy)
+    def backward_kernels(self, kernels, gy, _=None):
+        return super().backward_kernels(kernels, gy)
 
 
 class BNReLUConv2dStats(Conv2dStats):
@@ -153,16 +153,16 @@ class BNReLUConv2dStats(Conv2dStats):
     def _record_sums(self, g, first, relu_input=True):
         self.norm.record_sums(g, self.x[first:first + len(g)], first, relu_input)
 
-    def forward_kernels(self, gpu, y, stats, gamma, beta, w):
-        self.norm = self.bn.kernel_norm(gpu, stats, y.shape, gamma, beta)
-        return super().forward_kernels(gpu, y, w, self.norm)
+    def forward_kernels(self, kernels, y, stats, gamma, beta, w):
+        self.norm = self.bn.kernel_norm(kernels, stats, y.shape, gamma, beta)
+        return super().forward_kernels(kernels, y, w, self.norm)
 
-    def backward_kernels(self, gpu, gy, _=None):
+    def backward_kernels(self, kernels, gy, _=None):
         y, norm, images = self.x, self.norm, self.images
-        g, sums, relu_output = gpu.conv_grad_input_fused(gy, self.w, y, norm, images, self.stride, self.padding)
-        gw = gpu.conv_grad_weight_fused(y, gy, self.w_shape, norm, images, self.stride, self.padding,
-                                        normalized=relu_output)
-        gy_in, ggamma, gbeta = gpu.norm_backward(g, y, norm, sums, relu_output, images, self.bn.training)
+        g, sums, relu_output = kernels.conv_grad_input_fused(gy, self.w, y, norm, images, self.stride, self.padding)
+        gw = kernels.conv_grad_weight_fused(y, gy, self.w_shape, norm, images, self.stride, self.padding,
+                                            normalized=relu_output)
+        gy_in, ggamma, gbeta = kernels.norm_backward(g, y, norm, sums, relu_output, images, self.bn.training)
         return gy_in, None, ggamma, gbeta, gw
 
 
@@ -222,20 +222,22 @@ class BNAddReLU(Op):
             return (*grads, g, None, *self.residual_norm.input_gradient(g, residual, g))
         return (*grads, g) if self.has_residual else grads
 
-    def forward_kernels(self, gpu, y, stats, gamma, beta, residual=None, residual_stats=None, *residual_gamma_beta):
+    def forward_kernels(self, kernels, y, stats, gamma, beta, residual=None, residual_stats=None,
+                        *residual_gamma_beta):
         self.images = self.bn.group_images(len(y))
-        self.norm = self.bn.kernel_norm(gpu, stats, y.shape, gamma, beta)
+        self.norm = self.bn.kernel_norm(kernels, stats, y.shape, gamma, beta)
         self.residual_norm = None
         if self.residual_bn is not None:
             if self.residual_bn.group_images(len(y)) != self.images:
                 raise ValueError("bn_add_relu: the two batch norms must take their statistics over the same groups")
-            self.residual_norm = self.residual_bn.kernel_norm(gpu, residual_stats, residual.shape, *residual_gamma_beta)
+            self.residual_norm = self.residual_bn.kernel_norm(kernels, residual_stats, residual.shape,
+                                                              *residual_gamma_beta)
         self.y, self.residual = y, residual
-        self.out = gpu.norm_add_relu(y, self.norm, self.images, residual, self.residual_norm)
+        self.out = kernels.norm_add_relu(y, self.norm, self.images, residual, self.residual_norm)
         return self.out
 
-    def backward_kernels(self, gpu, gout):
-        gy, ggamma, gbeta, gresidual = gpu.norm_add_relu_backward(
+    def backward_kernels(self, kernels, gout):
+        gy, ggamma, gbeta, gresidual = kernels.norm_add_relu_backward(
             gout, self.out, self.y, self.norm, self.images, self.bn.training, self.residual, self.residual_norm)
         grads = gy, None, ggamma, gbeta
         if self.residual_bn is not None:

@@ -29,13 +29,13 @@ class MaxPool2d(Op):
     def __init__(self, kernel_size, stride, padding):
         self.kernel, self.stride, self.padding = kernel_size, stride, padding
 
-    def forward_kernels(self, gpu, x):  # keeps the argmax bytes instead of the input
+    def forward_kernels(self, kernels, x):  # keeps the argmax bytes instead of the input
         self.x_shape = x.shape
-        y, self.argmax = gpu.max_pool_forward(x, self.kernel, self.stride, self.padding)
+        y, self.argmax = kernels.max_pool_forward(x, self.kernel, self.stride, self.padding)
         return y
 
-    def backward_kernels(self, gpu, gy):
-        return gpu.max_pool_backward(gy, self.argmax, self.x_shape, self.kernel, self.stride, self.padding)
+    def backward_kernels(self, kernels, gy):
+        return kernels.max_pool_backward(gy, self.argmax, self.x_shape, self.kernel, self.stride, self.padding)
 
     def forward_reference(self, x):
         xp = get_array_module(x)
@@ -73,12 +73,12 @@ class MaxPool2d(Op):
 
 
 class GlobalAvgPool(Op):
-    def forward_kernels(self, gpu, x):
+    def forward_kernels(self, kernels, x):
         self.shape = x.shape
-        return gpu.global_avg_pool_forward(x)
+        return kernels.global_avg_pool_forward(x)
 
-    def backward_kernels(self, gpu, gy):
-        return gpu.global_avg_pool_backward(gy, self.shape)
+    def backward_kernels(self, kernels, gy):
+        return kernels.global_avg_pool_backward(gy, self.shape)
 
     def forward_reference(self, x):
         self.shape = x.shape

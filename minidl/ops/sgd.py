@@ -28,10 +28,10 @@ def sgd_momentum_update(w, g, u, lr, momentum, grad_scale=1.0, decay=None, neste
                         rate_inside=False, velocity_scale=1.0):
     if nesterov and rate_inside:
         raise ValueError("nesterov momentum is defined for the rate-outside form only")
-    gpu = kernels.serving(w, g, u, decay)
-    if gpu is not None:  # one pass in kernels/sgd.cu
-        return gpu.sgd_momentum_update(w, g, u, lr, momentum, grad_scale, decay, nesterov, rate_inside,
-                                       velocity_scale)
+    serving = kernels.serving(w, g, u, decay)
+    if serving is not None:  # one pass in kernels/sgd.cu
+        return serving.sgd_momentum_update(w, g, u, lr, momentum, grad_scale, decay, nesterov, rate_inside,
+                                           velocity_scale)
 
     def update(w, g, u, decay=None):
         _update_block(w, g, u, lr, momentum, grad_scale, decay, nesterov, rate_inside, velocity_scale)

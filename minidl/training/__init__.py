@@ -1,6 +1,8 @@
 """The parts the training loop (minidl.trainer) is made of, one job each:
 
     build        the schedule, model and optimizer a configuration asks for
+    parts        what the loop runs around each step, each with its trigger (watchdog, trace
+                 window, progress and logging, --checkpoint-every)
     steps        the step interface: EagerStep, GraphedTrainStep (CUDA graph replay)
     device_step  the whole step on the device, what a graph captures; graph: the capture itself
     forward      the forward pass and loss of a batch

@@ -91,6 +91,6 @@ def device():
     """(Kernels over the emulator, numpy.ndarray), tuned like a GPU's (MINIDL_DEVICE_KERNELS)."""
     build()
     tuner = kernels.tuner_for("emulator", CUDA_VERSION, autotune.windowed_timer(autotune.wall_window, windows=1))
-    gpu = kernels.Kernels(device_module, EMULATED_MULTIPROCESSORS, allow_tf32=environment.value("MINIDL_TF32"),
-                          tuner=tuner)
-    return gpu, numpy.ndarray
+    emulated = kernels.Kernels(device_module, EMULATED_MULTIPROCESSORS, allow_tf32=environment.value("MINIDL_TF32"),
+                               tuner=tuner)
+    return emulated, numpy.ndarray

@@ -131,22 +131,22 @@ def conv_tile(mode, channels):
 
 def on_cupy(check):
     """A step_checks check, called with the array module only, as a case check."""
-    def case(gpu, cupy, *args, **kwargs):
+    def case(kernels, cupy, *args, **kwargs):
         return check(cupy, *args, **kwargs)
     case.kernels_in_charge = True  # see run_case
     signature = inspect.signature(check)
-    gpu = inspect.Parameter("gpu", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    case.__signature__ = signature.replace(parameters=[gpu, *signature.parameters.values()])
+    first = inspect.Parameter("kernels", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    case.__signature__ = signature.replace(parameters=[first, *signature.parameters.values()])
     return case
 
 
 def needs_cuda(check):
     """The check where the device is CUDA; skipped on the emulated device."""
     @functools.wraps(check)
-    def case(gpu, xp, *args, **kwargs):
+    def case(kernels, xp, *args, **kwargs):
         if xp is numpy:
             raise Skipped("CUDA graphs exist only on a GPU (the emulated device has none)")
-        return check(gpu, xp, *args, **kwargs)
+        return check(kernels, xp, *args, **kwargs)
     return case
 
 
@@ -225,7 +225,7 @@ def amp_cases(shapes):
     return found
 
 
-def check_training_with_graphs(gpu, cupy):
+def check_training_with_graphs(kernels, cupy):
     with tempfile.TemporaryDirectory() as workdir:
         summaries = step_checks.check_training_with_graphs(workdir)
     return {"train_loss": [s["train_loss"] for s in summaries]}
@@ -314,14 +314,14 @@ def reference_step(shapes):
         return model_step(shapes, on_device=False, xp=numpy)
 
 
-def check_model_step(gpu, xp, shapes, mode):
+def check_model_step(kernels, xp, shapes, mode):
     """The step on the device's kernels (in charge of its arrays) against the reference ops."""
     expected = reference_step(shapes)
-    previous, gpu.allow_tf32 = gpu.allow_tf32, mode == "tf32"
+    previous, kernels.allow_tf32 = kernels.allow_tf32, mode == "tf32"
     try:
         loss, grad, params, buffers = model_step(shapes, on_device=True, xp=xp)
     finally:
-        gpu.allow_tf32 = previous
+        kernels.allow_tf32 = previous
     tolerance = STEP_TOLERANCE[mode]
     oracle.assert_close(loss, expected[0], tolerance, f"{mode} loss")
     oracle.assert_close(grad, expected[1], tolerance, f"{mode} flat gradient")
@@ -341,11 +341,11 @@ def run_case(check, args, kwargs):
     emulated device, whose arrays (NumPy's) the ops would hand to the kernels too, the ops run
     their reference path meanwhile, as under tests/kernels' `emulated` fixture. The checks of
     whole blocks and steps (`kernels_in_charge`) want the ops on the kernels, as on a GPU."""
-    gpu, xp = device()
+    serving, xp = device()
     reference_ops = xp is numpy and not getattr(check, "kernels_in_charge", False)
     try:
         with kernels.use(None, None) if reference_ops else contextlib.nullcontext():
-            returned = check(gpu, xp, *args, **kwargs)
+            returned = check(serving, xp, *args, **kwargs)
         return "passed", "" if returned is None else json.dumps(returned, default=repr)
     except Skipped as reason:
         return "skipped", str(reason)

@@ -75,8 +75,8 @@ class Case:
             gx[part] = (scale * (gg - gg.mean(axis=0) - xhat * (gg * xhat).mean(axis=0))).reshape(g64[part].shape)
         return gx, ggamma, gbeta
 
-    def plans(self, gpu, conv_pass, fusion, operands):
-        plans = gpu.fused_plans(conv_pass, fusion, [self.data.kernel(a) for a in operands], self.geometry)
+    def plans(self, kernels, conv_pass, fusion, operands):
+        plans = kernels.fused_plans(conv_pass, fusion, [self.data.kernel(a) for a in operands], self.geometry)
         assert plans[0].version == "v1", "the composition of the existing kernels is always a candidate"
         return plans
 
@@ -87,27 +87,27 @@ class Case:
 
 def with_tf32(check):
     """The check with TF32 allowed (float32 data on the TF32 tiles), as a fused chain runs."""
-    def run(gpu, xp, *args, **kwargs):
-        previous, gpu.allow_tf32 = gpu.allow_tf32, True
+    def run(kernels, xp, *args, **kwargs):
+        previous, kernels.allow_tf32 = kernels.allow_tf32, True
         try:
-            return check(gpu, xp, *args, **kwargs)
+            return check(kernels, xp, *args, **kwargs)
         finally:
-            gpu.allow_tf32 = previous
+            kernels.allow_tf32 = previous
     run.__name__ = check.__name__
     return run
 
 
 @with_tf32
-def check_forward(gpu, xp, *case, normalize=True, stats=True):
+def check_forward(kernels, xp, *case, normalize=True, stats=True):
     """Forward with the input's batch norm (normalize) and/or the output's statistics (stats)."""
     c = Case(xp, *case)
     norm = c.norm if normalize else None
     expected = c.y64 if normalize else conv_ref.correlate(c.x64, c.w64, c.stride, c.padding)
     fusion = Fusion((NORMALIZE if normalize else 0) | (STATS if stats else 0), norm, None, c.images)
     checked = []
-    for plan in c.plans(gpu, "conv_fwd", fusion, (c.x, c.w)):
-        y, found = gpu.conv_forward_fused(c.data.kernel(c.x), c.data.kernel(c.w), c.stride, c.padding, norm=norm,
-                                          images=c.images, stats=stats, plan=plan)
+    for plan in c.plans(kernels, "conv_fwd", fusion, (c.x, c.w)):
+        y, found = kernels.conv_forward_fused(c.data.kernel(c.x), c.data.kernel(c.w), c.stride, c.padding, norm=norm,
+                                              images=c.images, stats=stats, plan=plan)
         what = f"{plan.label()} forward"
         oracle.assert_close(c.data.result(y), expected, c.tolerance, what)
         if stats:
@@ -125,19 +125,19 @@ def check_forward(gpu, xp, *case, normalize=True, stats=True):
 
 
 @with_tf32
-def check_grad_input(gpu, xp, *case):
+def check_grad_input(kernels, xp, *case):
     c = Case(xp, *case)
     gz64 = conv_ref.grad_input(c.gy64, c.w64, c.x.shape, c.stride, c.padding)
     masked64 = gz64 * (c.normalized(c.x64, relu=False) > 0)
     expected = c.norm_backward(masked64)
     checked = []
-    for plan in c.plans(gpu, "conv_dgrad", Fusion(DRELU, c.norm, c.data.kernel(c.x), c.images), (c.gy, c.w)):
+    for plan in c.plans(kernels, "conv_dgrad", Fusion(DRELU, c.norm, c.data.kernel(c.x), c.images), (c.gy, c.w)):
         x = c.data.kernel(c.x)
-        g, sums, relu_output = gpu.conv_grad_input_fused(c.data.kernel(c.gy), c.data.kernel(c.w), x, c.norm,
-                                                         c.images, c.stride, c.padding, plan=plan)
+        g, sums, relu_output = kernels.conv_grad_input_fused(c.data.kernel(c.gy), c.data.kernel(c.w), x, c.norm,
+                                                             c.images, c.stride, c.padding, plan=plan)
         if relu_output is None:  # the v2 epilogue masked it
             oracle.assert_close(c.data.result(g), masked64, c.tolerance, f"{plan.label()} masked dL/dz")
-        gx, ggamma, gbeta = gpu.norm_backward(g, x, c.norm, sums, relu_output, c.images, training=True)
+        gx, ggamma, gbeta = kernels.norm_backward(g, x, c.norm, sums, relu_output, c.images, training=True)
         for name, ours, reference in zip(("dL/dx", "dgamma", "dbeta"), (c.data.result(gx), ggamma, gbeta), expected):
             oracle.assert_close(ours, reference, c.tolerance, f"{plan.label()} {name}")
         checked.append(plan.label())
@@ -145,32 +145,32 @@ def check_grad_input(gpu, xp, *case):
     return {"plans": checked}
 
 
-def check_grad_weight(gpu, xp, *case, plans=None):
+def check_grad_weight(kernels, xp, *case, plans=None):
     """Grad-weight of the normalized input, every plan (or the given ones)."""
     c = Case(xp, *case)
     expected = conv_ref.grad_weight(c.z64, c.gy64, c.w64, c.stride, c.padding)
-    plans = plans or c.plans(gpu, "conv_wgrad", Fusion(NORMALIZE, c.norm, None, c.images), (c.x, c.gy))
+    plans = plans or c.plans(kernels, "conv_wgrad", Fusion(NORMALIZE, c.norm, None, c.images), (c.x, c.gy))
     for plan in plans:
-        gw = gpu.conv_grad_weight_fused(c.data.kernel(c.x), c.data.kernel(c.gy), c.w.shape, c.norm, c.images,
-                                        c.stride, c.padding, plan=plan)
+        gw = kernels.conv_grad_weight_fused(c.data.kernel(c.x), c.data.kernel(c.gy), c.w.shape, c.norm, c.images,
+                                            c.stride, c.padding, plan=plan)
         assert gw.dtype == numpy.float32
         oracle.assert_close(gw, expected, c.tolerance, f"{plan.label()} grad-weight")
     return {"plans": [p.label() for p in plans]}
 
 
-def check_add_relu(gpu, xp, mode, n, h, w, c, images, projection):
+def check_add_relu(kernels, xp, mode, n, h, w, c, images, projection):
     """relu(bn(y) + r) and its backward; r the residual, or bn'(residual) (a projection)."""
     main = Case(xp, mode, n, h, w, c, c, 1, 1, 0, images)
     other = Case(xp, mode, n, h, w, c, c, 1, 1, 0, images, seed=1)  # the residual and its batch norm
     residual_norm = other.norm if projection else None
     r64 = other.normalized(other.x64, relu=False) if projection else other.x64
-    out = gpu.norm_add_relu(main.data.kernel(main.x), main.norm, images, residual=main.data.kernel(other.x),
-                            residual_norm=residual_norm)
+    out = kernels.norm_add_relu(main.data.kernel(main.x), main.norm, images, residual=main.data.kernel(other.x),
+                                residual_norm=residual_norm)
     expected = xp.maximum(main.normalized(main.x64, relu=False) + r64, 0)
     oracle.assert_close(main.data.result(out), expected, main.tolerance, "relu(bn(y) + r)")
     gout = main.data.normal(main.x.shape)
     g64 = main.data.reference(gout) * (xp.asarray(main.data.result(out)) > 0)  # the kernel's output decides the mask
-    gy, ggamma, gbeta, gresidual = gpu.norm_add_relu_backward(
+    gy, ggamma, gbeta, gresidual = kernels.norm_add_relu_backward(
         main.data.kernel(gout), out, main.data.kernel(main.x), main.norm, images, True,
         residual=main.data.kernel(other.x), residual_norm=residual_norm)
     for name, ours, reference in zip(("dL/dy", "dgamma", "dbeta"), (main.data.result(gy), ggamma, gbeta),

@@ -81,31 +81,34 @@ class Inputs:
 
 # ---- convolution ------------------------------------------------------------------------------
 
-def check_conv(gpu, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, tile=None, every_plan=False):
+def check_conv(kernels, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, tile=None, every_plan=False):
     """Forward, grad-input and grad-weight of one convolution; `tile` asserts which conv.cu tile
     runs without a tuner; `every_plan` checks every kernel plan of each pass (v1, each v2 tile
     and split that fits), not only the one the autotuner (or its absence) picks."""
     data = Inputs(xp, mode, seed)
     x, wt = data.normal((n, h, w, c)), data.normal((k, r, r, c), scale=(r * r * c) ** -0.5)
-    previous, gpu.allow_tf32 = gpu.allow_tf32, mode == "tf32"
+    previous, kernels.allow_tf32 = kernels.allow_tf32, mode == "tf32"
     try:
         if tile is not None:
-            assert gpu.conv_tile(x.dtype, c, k).name == tile
+            assert kernels.conv_tile(x.dtype, c, k).name == tile
         x64, w64 = data.reference(x), data.reference(wt)
         expected_y = conv_ref.correlate(x64, w64, stride, padding)
         gy = data.normal(expected_y.shape)
         gy64 = data.reference(gy)
         geometry = (n, h, w, c, k, r, r, *expected_y.shape[1:3], stride, padding)
         passes = {  # operands, run(plan), expected
-            "conv_fwd": ((x, wt), lambda a, b, plan: gpu.conv_forward(a, b, stride, padding, plan=plan), expected_y),
-            "conv_dgrad": ((gy, wt), lambda a, b, plan: gpu.conv_grad_input(a, b, x.shape, stride, padding, plan=plan),
+            "conv_fwd": ((x, wt), lambda a, b, plan: kernels.conv_forward(a, b, stride, padding, plan=plan),
+                         expected_y),
+            "conv_dgrad": ((gy, wt), lambda a, b, plan: kernels.conv_grad_input(a, b, x.shape, stride, padding,
+                                                                                plan=plan),
                            conv_ref.grad_input(gy64, w64, x.shape, stride, padding)),
-            "conv_wgrad": ((x, gy), lambda a, b, plan: gpu.conv_grad_weight(a, b, wt.shape, stride, padding, plan=plan),
+            "conv_wgrad": ((x, gy), lambda a, b, plan: kernels.conv_grad_weight(a, b, wt.shape, stride, padding,
+                                                                                plan=plan),
                            conv_ref.grad_weight(x64, gy64, w64, stride, padding))}
         checked = []
         for conv_pass, (operands, run, expected) in passes.items():
             operands = [data.kernel(a) for a in operands]
-            plans = gpu.plans(conv_pass, operands, geometry) if every_plan else [None]
+            plans = kernels.plans(conv_pass, operands, geometry) if every_plan else [None]
             for plan in plans:
                 out = run(*operands, plan)
                 if conv_pass == "conv_wgrad":
@@ -116,12 +119,12 @@ def check_conv(gpu, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, tile=No
                 checked.append(plan.label() if plan else "as chosen")
         return {"plans": checked}
     finally:
-        gpu.allow_tf32 = previous
+        kernels.allow_tf32 = previous
 
 
 # ---- batch norm -------------------------------------------------------------------------------
 
-def check_batch_norm(gpu, xp, mode, shape, training=True, fused=None, seed=0, offset=0.0):
+def check_batch_norm(kernels, xp, mode, shape, training=True, fused=None, seed=0, offset=0.0):
     """BN forward (and running statistics) and backward, plain or fused: fused = "relu" or
     "add_relu". The reference is BatchNorm + relu (+ add) in float64 through autograd; for the
     backward the kernel's own output decides the ReLU mask (y > 0), so a value that is zero in
@@ -137,9 +140,9 @@ def check_batch_norm(gpu, xp, mode, shape, training=True, fused=None, seed=0, of
     tol = TOLERANCE["bf16" if mode == "bf16" else "fp32"]
 
     kernel_running = [xp.array(a) for a in running]
-    y, saved = gpu.batch_norm_forward(data.kernel(x), xp.asarray(gamma), xp.asarray(beta), *kernel_running,
-                                      training, 0.1, 1e-5, None if residual is None else data.kernel(residual),
-                                      relu=fused is not None)
+    y, saved = kernels.batch_norm_forward(data.kernel(x), xp.asarray(gamma), xp.asarray(beta), *kernel_running,
+                                          training, 0.1, 1e-5, None if residual is None else data.kernel(residual),
+                                          relu=fused is not None)
     ref_running = [xp.asarray(a.astype(numpy.float64)) for a in running]
     function = BatchNorm(*ref_running, training, 0.1, 1e-5)
     ref_x = Tensor(data.reference(x), requires_grad=True)
@@ -155,9 +158,9 @@ def check_batch_norm(gpu, xp, mode, shape, training=True, fused=None, seed=0, of
         assert_close(ours, theirs, TOLERANCE["fp32"], f"batch norm {name}")
 
     gy = data.normal(shape)
-    gx, ggamma, gbeta, gresidual = gpu.batch_norm_backward(data.kernel(gy), data.kernel(x), saved, training,
-                                                           y=y if fused else None,
-                                                           residual_grad=residual is not None)
+    gx, ggamma, gbeta, gresidual = kernels.batch_norm_backward(data.kernel(gy), data.kernel(x), saved, training,
+                                                               y=y if fused else None,
+                                                               residual_grad=residual is not None)
     mask = data.result(y) > 0 if fused else numpy.ones(shape, dtype=bool)
     gradient = data.reference(gy) * xp.asarray(mask)
     bn_out = function(ref_x, ref_gamma, ref_beta)  # a fresh graph: the BN alone, fed the masked gradient
@@ -171,43 +174,43 @@ def check_batch_norm(gpu, xp, mode, shape, training=True, fused=None, seed=0, of
 
 # ---- pooling, loss, SGD -----------------------------------------------------------------------
 
-def check_max_pool(gpu, xp, shape, kernel, stride, padding, seed=0, levels=None):
+def check_max_pool(kernels, xp, shape, kernel, stride, padding, seed=0, levels=None):
     """`levels`: draw from that many distinct values, so that windows hold ties (zeros after a
     ReLU do): the gradient must go to the first maximum in (r, s) order, as in the reference."""
     rng = numpy.random.default_rng(seed)
     x = (rng.integers(0, levels, shape) if levels else rng.standard_normal(shape)).astype(numpy.float32)
-    y, argmax = gpu.max_pool_forward(xp.asarray(x), kernel, stride, padding)
+    y, argmax = kernels.max_pool_forward(xp.asarray(x), kernel, stride, padding)
     function = MaxPool2d(kernel, stride, padding)
     ref_y = function.forward(x)
     assert (to_numpy(y) == ref_y).all(), "max pool forward differs"
     gy = rng.standard_normal(ref_y.shape).astype(numpy.float32)
-    gx = gpu.max_pool_backward(xp.asarray(gy), argmax, x.shape, kernel, stride, padding)
+    gx = kernels.max_pool_backward(xp.asarray(gy), argmax, x.shape, kernel, stride, padding)
     assert_close(gx, function.backward(gy.astype(numpy.float64)), TOLERANCE["fp32"], "max pool backward")
 
 
-def check_global_avg_pool(gpu, xp, shape, seed=0):
+def check_global_avg_pool(kernels, xp, shape, seed=0):
     rng = numpy.random.default_rng(seed)
     x = rng.standard_normal(shape).astype(numpy.float32)
     function = GlobalAvgPool()
-    assert_close(gpu.global_avg_pool_forward(xp.asarray(x)), function.forward(x.astype(numpy.float64)),
+    assert_close(kernels.global_avg_pool_forward(xp.asarray(x)), function.forward(x.astype(numpy.float64)),
                  TOLERANCE["fp32"], "global average pool forward")
     gy = rng.standard_normal((shape[0], shape[-1])).astype(numpy.float32)
-    gx = gpu.global_avg_pool_backward(xp.asarray(gy), shape)
+    gx = kernels.global_avg_pool_backward(xp.asarray(gy), shape)
     assert (to_numpy(gx) == function.backward(gy)).all(), "global average pool backward differs"
 
 
-def check_softmax_xent(gpu, xp, n, classes, smoothing, seed=0, scale=1.0):
+def check_softmax_xent(kernels, xp, n, classes, smoothing, seed=0, scale=1.0):
     rng = numpy.random.default_rng(seed)
     logits = (scale * rng.standard_normal((n, classes))).astype(numpy.float32)
     labels = rng.integers(0, classes, n)
-    loss, grad = gpu.softmax_cross_entropy(xp.asarray(logits), xp.asarray(labels), smoothing)
+    loss, grad = kernels.softmax_cross_entropy(xp.asarray(logits), xp.asarray(labels), smoothing)
     function = SoftmaxCrossEntropy(labels, smoothing)
     ref_loss = function.forward(logits.astype(numpy.float64))
     assert_close(loss, ref_loss, TOLERANCE["fp32"], "softmax cross-entropy loss")
     assert_close(grad, function.backward(numpy.float64(1.0)), TOLERANCE["fp32"], "softmax cross-entropy gradient")
 
 
-def check_sgd(gpu, xp, n, nesterov, decay, steps=3, seed=0, offset=0, rate_inside=False):
+def check_sgd(kernels, xp, n, nesterov, decay, steps=3, seed=0, offset=0, rate_inside=False):
     """Several steps of the kernel against sgd_momentum_update on the host: bit for bit.
     `offset` elements into a larger buffer: a view that is not 16-byte aligned. The rate
     changes every step (so the rate-inside form's momentum correction is exercised)."""
@@ -221,14 +224,14 @@ def check_sgd(gpu, xp, n, nesterov, decay, steps=3, seed=0, offset=0, rate_insid
         g = rng.standard_normal(n).astype(numpy.float32)
         lr, correction = 0.1 * (step + 1), (step + 1) / step if step else 1.0
         form = dict(rate_inside=rate_inside, velocity_scale=correction)
-        gpu.sgd_momentum_update(views[0], xp.asarray(g), views[1], lr, 0.9, 0.25, views[2], nesterov, **form)
+        kernels.sgd_momentum_update(views[0], xp.asarray(g), views[1], lr, 0.9, 0.25, views[2], nesterov, **form)
         sgd_momentum_update(w, g, u, lr, 0.9, 0.25, rates, nesterov, **form)
         assert numpy.array_equal(to_numpy(views[0]), w), f"SGD step {step}: weights differ"
         assert numpy.array_equal(to_numpy(views[1]), u), f"SGD step {step}: momentum differs"
 
 
 
-def check_sgd_scalars(gpu, xp, n, rate_inside, steps=3, seed=0):
+def check_sgd_scalars(kernels, xp, n, rate_inside, steps=3, seed=0):
     """The update through device scalars (what a CUDA graph replays): store_sgd_scalars stores the
     step's rate, gradient scale and momentum correction, sgd_momentum_update_from updates with
     them. Bit for bit the plain update (check_sgd: the reference's), the rate changing every step."""
@@ -240,11 +243,12 @@ def check_sgd_scalars(gpu, xp, n, rate_inside, steps=3, seed=0):
     for step in range(steps):
         g = xp.asarray(rng.standard_normal(n).astype(numpy.float32))
         lr, correction = 0.1 * (step + 1), (step + 1) / step if step else 1.0
-        gpu.store_sgd_scalars(scalars, lr, 0.25, correction)
+        kernels.store_sgd_scalars(scalars, lr, 0.25, correction)
         assert numpy.array_equal(to_numpy(scalars), numpy.float32([lr, 0.25, correction])), "stored scalars"
         assert numpy.array_equal(to_numpy(through_scalars[0]), to_numpy(plain[0])), "storing changed the weights"
-        gpu.sgd_momentum_update_from(scalars, through_scalars[0], g, through_scalars[1], 0.9, rates, False, rate_inside)
-        gpu.sgd_momentum_update(plain[0], g, plain[1], lr, 0.9, 0.25, rates, False, rate_inside, correction)
+        kernels.sgd_momentum_update_from(scalars, through_scalars[0], g, through_scalars[1], 0.9, rates, False,
+                                         rate_inside)
+        kernels.sgd_momentum_update(plain[0], g, plain[1], lr, 0.9, 0.25, rates, False, rate_inside, correction)
         for name, ours, theirs in zip(("weights", "momentum"), through_scalars, plain):
             assert numpy.array_equal(to_numpy(ours), to_numpy(theirs)), f"SGD through scalars, step {step}: {name}"
 
@@ -291,10 +295,10 @@ def cast_test_values(n, seed=0):
     return numpy.concatenate([bits, ties, random]).view(numpy.float32)
 
 
-def check_casts(gpu, xp, n=5000, seed=0):
+def check_casts(kernels, xp, n=5000, seed=0):
     """float32 -> bf16 bit for bit against nearest_bf16 (NaN: still a NaN), and bf16 -> float32 exact."""
     values = cast_test_values(n, seed)
-    bits = to_numpy(gpu.cast(xp.asarray(values), numpy.uint16))
+    bits = to_numpy(kernels.cast(xp.asarray(values), numpy.uint16))
     assert bits.dtype == numpy.uint16
     expected = nearest_bf16(values)
     nan = numpy.isnan(values)
@@ -302,17 +306,17 @@ def check_casts(gpu, xp, n=5000, seed=0):
     wrong = numpy.flatnonzero(bits[~nan] != bf16_bits_of(expected[~nan]))
     assert wrong.size == 0, (f"float32 -> bf16 differs at {wrong.size} values, e.g. {values[~nan][wrong[0]]!r} -> "
                              f"{bits[~nan][wrong[0]]:#06x}, {bf16_bits_of(expected[~nan])[wrong[0]]:#06x} expected")
-    back = to_numpy(gpu.cast(xp.asarray(bits), numpy.float32))
+    back = to_numpy(kernels.cast(xp.asarray(bits), numpy.float32))
     assert back.dtype == numpy.float32
     assert numpy.array_equal(back.view(numpy.uint32), bits.astype(numpy.uint32) << 16), "bf16 -> float32 is not exact"
 
 
-def check_bf16_add(gpu, xp, n=5000, seed=0):
+def check_bf16_add(kernels, xp, n=5000, seed=0):
     """a + b of bf16 arrays: the nearest bf16 to the exact sum (exact in float64 at these scales)."""
     rng = numpy.random.default_rng(seed)
     scales = 10.0 ** rng.uniform(-3, 3, (2, n))
     a, b = (to_bf16((scale * rng.standard_normal(n)).astype(numpy.float32)) for scale in scales)
     b[:100] = to_bf16(-from_bf16(a[:100]))  # exact cancellations
-    total = to_numpy(gpu.bf16_add(xp.asarray(a), xp.asarray(b)))
+    total = to_numpy(kernels.bf16_add(xp.asarray(a), xp.asarray(b)))
     expected = bf16_bits_of(nearest_bf16(from_bf16(a).astype(numpy.float64) + from_bf16(b)))
     assert numpy.array_equal(total, expected), f"bf16 sums differ at {int((total != expected).sum())} of {n}"

@@ -151,12 +151,12 @@ def check_normconv_block(xp, build, x_shape, training, group_size, mode, seed=0)
     """`build(fuse)` -> a block or a network: with fuse=True on float32 xp data (the kernels; mode "fp32" or
     "tf32" convolutions), against fuse=False in float64 (the reference ops), within
     oracle.TOLERANCE[mode]: output, input gradient, every parameter gradient, the statistics."""
-    gpu = kernels.active()
-    previous, gpu.allow_tf32 = gpu.allow_tf32, mode == "tf32"
+    active = kernels.active()
+    previous, active.allow_tf32 = active.allow_tf32, mode == "tf32"
     try:
         _check_normconv_block(xp, build, x_shape, training, group_size, oracle.TOLERANCE[mode], seed)
     finally:
-        gpu.allow_tf32 = previous
+        active.allow_tf32 = previous
 
 
 def _check_normconv_block(xp, build, x_shape, training, group_size, tolerance, seed):

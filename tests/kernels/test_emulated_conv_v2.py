@@ -36,7 +36,7 @@ def mode_of(tile):
     return "bf16" if conv_v2.TILES[tile].dtype.itemsize == 2 else "tf32"
 
 
-def run_pass(gpu, mode, conv_pass, shape, plan=None, seed=0):
+def run_pass(kernels, mode, conv_pass, shape, plan=None, seed=0):
     """(kernel result, float64 reference) of one pass on random data."""
     n, h, w, c, k, r, stride, padding = shape
     data = oracle.Inputs(numpy, mode, seed)
@@ -45,11 +45,11 @@ def run_pass(gpu, mode, conv_pass, shape, plan=None, seed=0):
     y64 = conv_ref.correlate(x64, w64, stride, padding)
     gy = data.normal(y64.shape)
     if conv_pass == "conv_fwd":
-        return data.result(gpu.conv_forward(data.kernel(x), data.kernel(wt), stride, padding, plan=plan)), y64
+        return data.result(kernels.conv_forward(data.kernel(x), data.kernel(wt), stride, padding, plan=plan)), y64
     if conv_pass == "conv_dgrad":
-        ours = gpu.conv_grad_input(data.kernel(gy), data.kernel(wt), x.shape, stride, padding, plan=plan)
+        ours = kernels.conv_grad_input(data.kernel(gy), data.kernel(wt), x.shape, stride, padding, plan=plan)
         return data.result(ours), conv_ref.grad_input(data.reference(gy), w64, x.shape, stride, padding)
-    ours = gpu.conv_grad_weight(data.kernel(x), data.kernel(gy), wt.shape, stride, padding, plan=plan)
+    ours = kernels.conv_grad_weight(data.kernel(x), data.kernel(gy), wt.shape, stride, padding, plan=plan)
     return ours, conv_ref.grad_weight(x64, data.reference(gy), w64, stride, padding)
 
 

@@ -58,13 +58,13 @@ def test_v1_only_launches_no_v2_kernel():
 
 
 def test_runner_statuses_skips_deadline_and_a_report_after_each_case():
-    def passes(gpu, xp):
+    def passes(kernels, xp):
         return {"fine": 1}
 
-    def fails(gpu, xp):
+    def fails(kernels, xp):
         assert False, "wrong"
 
-    def crashes(gpu, xp):
+    def crashes(kernels, xp):
         raise RuntimeError("boom")
 
     found = [("a", passes, (), {}), ("b", fails, (), {}), ("c", crashes, (), {}),

@@ -18,9 +18,9 @@ mode = sys.argv[1]
 comm = distributed.init()
 checks = Checks(comm)
 os.environ["MINIDL_CACHE"] = os.path.join(os.environ["MINIDL_CACHE"], f"rank{comm.rank}")  # a cache per node
-gpu = kernels.device()
+device_kernels = kernels.device()
 agree_on_kernel_plans(comm)
-tuner = gpu.tuner
+tuner = device_kernels.tuner
 FAILING = Plan("v2", "bf16_128x128").kernel_name("conv_fwd")  # rank 0's timer would pick it: it comes last
 validations, timed = [], []
 
@@ -40,8 +40,8 @@ tuner.timer = lambda function: timed.append(comm.rank) or next(later_is_faster)
 rng = np.random.default_rng(comm.rank)  # different data per rank, as in training
 x = (rng.standard_normal((2, 5, 5, 64)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 w = (rng.standard_normal((64, 1, 1, 64)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-gy = gpu.conv_forward(x, w, 1, 0)
-gpu.conv_grad_weight(x, gy, w.shape, 1, 0)
+gy = device_kernels.conv_forward(x, w, 1, 0)
+device_kernels.conv_grad_weight(x, gy, w.shape, 1, 0)
 
 choices = comm.allgather_object(tuner.report()["choices"])
 checks.true(len(choices[0]) == 2 and choices[0] == choices[1], f"the same choices on every rank: {choices}")
