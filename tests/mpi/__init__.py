@@ -1,1 +1,1 @@
-"""Scripts that the dist tests (tests/test_dist_*.py) run under mpiexec, and how they run them."""
+"""Scripts that the dist tests (tests/distributed/test_dist_*.py) run under mpiexec, and how they run them."""

@@ -5,7 +5,7 @@ schedule shape; a row changes only its knob (global batch, warmup, batch-size co
 smoothing). The global batch k·n is k simulated workers of n = 32 images, each with its own
 batch norm: the engine's ghost BN over groups of 32 inside micro-batches of up to
 `micro_batch` images (above it, gradients accumulate), which trains exactly like k workers
-of 32 (tests/test_recipe.py). The rate follows the linear scaling rule from `lr` per 32.
+of 32 (tests/training/test_recipe.py). The rate follows the linear scaling rule from `lr` per 32.
 """
 import dataclasses
 

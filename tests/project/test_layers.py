@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "minidl"
+PACKAGE = Path(__file__).resolve().parents[2] / "minidl"
 
 # module prefix -> prefixes it must not import (at module level or inside functions)
 FORBIDDEN = {

@@ -18,7 +18,7 @@ from minidl.training.recorder import TraceRecorder
 from minidl.training.timer import StepTimer
 from mpi.common import TiedNet
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def traced_step(model, recorder, timer):

@@ -10,7 +10,7 @@ import pytest
 from minidl.errors import UserError
 from minidl.schedule import BatchSchedule, LRSchedule
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def goyal(**overrides):

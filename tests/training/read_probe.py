@@ -1,7 +1,7 @@
 """Run a script (train.py) and record which training images this process reads, in order.
 
-    python tests/read_probe.py TRAIN_DIR LOG_DIR STOP_AFTER SCRIPT [ARGS...]
-    mpiexec -n N python -m mpi4py tests/read_probe.py ...
+    python tests/training/read_probe.py TRAIN_DIR LOG_DIR STOP_AFTER SCRIPT [ARGS...]
+    mpiexec -n N python -m mpi4py tests/training/read_probe.py ...
 
 A Python audit hook sees every file the process opens; each one under TRAIN_DIR is appended
 to LOG_DIR/reads-<pid>.txt (ranks.json maps the pid to its rank). With STOP_AFTER > 0 the

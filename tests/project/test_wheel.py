@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "kernels"))
 import emulator  # noqa: E402
 import oracle  # noqa: E402

@@ -20,7 +20,7 @@ from minidl.bench import __main__ as bench
 from minidl.experiments.large_batch import cli as study
 from mpi.launch import mpiexec, require_mpi
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NUM_THREADS = ("MINIDL_NUM_THREADS", "zero", "MINIDL_NUM_THREADS='zero' is not valid: set it to a positive integer")
 DEVICE = ("MINIDL_DEVICE", "tpu", "MINIDL_DEVICE='tpu' is not valid: set it to one of cpu, gpu")
 MINIDL_TRAIN = shutil.which("minidl-train", path=str(Path(sys.executable).parent))

@@ -23,7 +23,7 @@ from minidl.data import (BadImageWarning, DataLoader, DistributedSampler, Folder
 from minidl.errors import UserError
 from test_data import label_of, make_tree
 
-SCRIPT = Path(__file__).resolve().parents[1] / "data" / "prepare_imagenet.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "data" / "prepare_imagenet.py"
 _spec = importlib.util.spec_from_file_location("prepare_imagenet", SCRIPT)
 prepare_imagenet = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(prepare_imagenet)

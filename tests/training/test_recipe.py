@@ -182,7 +182,7 @@ def test_batch_size_control_under_mpiexec_grows_accumulation_and_rate(tmp_path):
     data = make_embedded_dataset(tmp_path / "data", train_per_class=16, val_per_class=4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINIDL_")}
     env.update(MINIDL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MINIDL_DEVICE="cpu")
-    argv = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(Path(__file__).parents[1] / "train.py"),
+    argv = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(Path(__file__).parents[2] / "train.py"),
             "--data-path", str(data), "--model", "resnet20", "--batch-schedule", "0:32,1:64",
             "--max-per-rank-batch", "16", "--epochs", "2", "--lr", "0.1", "--lr-base-batch", "64",
             "--lr-scheduler", "constant", "--train-crop-size", "32", "--val-crop-size", "32",

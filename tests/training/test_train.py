@@ -10,7 +10,7 @@ from minidl.config import Config
 from minidl.data import make_embedded_dataset
 from minidl.trainer import run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METRIC_KEYS = {"epoch", "train_loss", "val_loss", "val_top1", "val_top5", "lr", "images_per_sec", "seconds",
                "global_batch", "train_skipped", "val_skipped"}
 

@@ -1,6 +1,6 @@
 """A run stopped mid-epoch and resumed on another number of ranks (2 → 1, 2 → 4, 4 → 3).
 
-Which images each rank reads is observed from outside the engine (tests/read_probe.py: a
+Which images each rank reads is observed from outside the engine (tests/training/read_probe.py: a
 Python audit hook logs every training image a process opens; the loader reads an image only
 for the batch it is about to train on, with --workers 0). The probe also preempts the run: each
 rank sends itself SIGTERM on the last image of iteration STOP_ITERATION (mid-epoch), so the run
@@ -35,7 +35,7 @@ from minidl.training.state import RunState, adopt_checkpoint_batches
 from mpi.launch import mpiexec, require_mpi
 from test_resume import environment
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # 240 images: 10 steps of 24 per epoch; the run stops at step 4 of epoch 5 of 6, when the loss falls
 GLOBAL_BATCH, STEPS, EPOCHS, STOP_ITERATION = 24, 10, 6, 44
 # on each epoch's training loss (mean over its 240 images) and on the running mean over the
@@ -56,8 +56,8 @@ def train(data, output_dir, ranks, *extra, stop_after=0):
     flags = ["--data-path", data, "--model", "resnet8_w8", "--epochs", EPOCHS, "--batch-schedule", f"0:{GLOBAL_BATCH}",
              "--lr", 0.05, "--lr-base-batch", GLOBAL_BATCH, "--train-crop-size", 16, "--val-crop-size", 16,
              "--val-resize-size", 16, "--augment", "none", "--print-freq", 1, "--output-dir", output_dir, *extra]
-    probe = [str(REPO / "tests" / "read_probe.py"), str(Path(data) / "train"), str(output_dir), str(stop_after),
-             str(REPO / "train.py")]
+    probe = [str(REPO / "tests" / "training" / "read_probe.py"), str(Path(data) / "train"), str(output_dir),
+             str(stop_after), str(REPO / "train.py")]
     launcher = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py"] if ranks > 1 else [sys.executable]
     result = subprocess.run(launcher + probe + [str(flag) for flag in flags], capture_output=True, text=True,
                             timeout=300, env=environment())

@@ -20,7 +20,7 @@ from mpi.launch import mpiexec, require_mpi
 
 pytestmark = pytest.mark.slow  # every test trains in child processes, some under mpiexec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DETERMINISTIC = ("epoch", "train_loss", "val_loss", "val_top1", "val_top5", "lr", "global_batch")
 
 

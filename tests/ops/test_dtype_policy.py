@@ -13,7 +13,7 @@ from minidl.errors import UserError
 from minidl.optim import SGD
 
 pytestmark = pytest.mark.skipif(backend.on_gpu, reason="checks the refusal where there is no GPU")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bf16_is_refused_on_the_cpu():

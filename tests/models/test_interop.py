@@ -10,7 +10,7 @@ from minidl import Tensor, models, nn, no_grad
 from minidl.models import export_torchvision, import_torchvision
 from minidl.optim import SGD
 from minidl.bench.torch_resnet import torch_resnet
-from test_checkpoint import one_line_error
+from training.test_checkpoint import one_line_error
 from test_models import randomize_norm_state
 
 CLASSES = 10
