@@ -1,13 +1,18 @@
 // CPU emulation of the CUDA features the kernels in kernels/*.cu use, so that g++ -std=c++20
 // compiles those sources unchanged and tests can run them on NumPy buffers (tests/kernels).
 //
-// Execution model: a launch creates one OS thread per CUDA thread of a block; the blocks of the
-// grid run one after another on those threads, so `__shared__` variables can simply be
-// `static` (every thread of the running block sees the same object) and the threads of a block
-// really run concurrently: a missing __syncthreads shows up as a wrong result. threadIdx and
-// blockIdx are thread_local. __syncthreads is a barrier per block; warp shuffles go through a
-// barrier per warp and one exchange slot per lane; atomics take one global lock. A thread that
-// returns early leaves the barriers (arrive-and-drop), as on Volta and later.
+// Execution model: a launch runs on the calling OS thread. Each CUDA thread of a block is a
+// user-level context (a fiber) with its own stack, and the blocks of the grid run one after
+// another, so `__shared__` variables can simply be `static`. Fibers are scheduled cooperatively:
+// a fiber runs until it reaches a barrier (__syncthreads, or the warp barrier behind every warp
+// operation), then the next ready one runs; a barrier releases its waiters when every live member
+// has arrived, and a fiber that returns leaves the barriers (arrive-and-drop, as on Volta and
+// later). Each block starts its fibers in thread order and a barrier hands them on in arrival
+// order, so between two barriers thread t runs after threads 0..t-1 and before t+1..: a missing
+// __syncthreads makes a thread read what a later thread has not written yet (0xFF poison in
+// dynamic shared memory, or the previous value), a wrong result as on the GPU. threadIdx,
+// lane_id, warp_id and the PTX state of the running fiber are plain globals that every switch
+// sets; atomics need no lock.
 //
 // WMMA fragments hold the whole tile in every thread of the warp (num_elements is the tile
 // size), so code that touches fragment elements only elementwise (TF32 rounding, scaling) runs
@@ -22,7 +27,7 @@
 // launch limits, dynamic shared memory over the opt-in size, barriers that never complete, and
 // shared-memory addresses outside the block's allocation where they reach the PTX wrappers
 // (ldmatrix, ld/st.shared, cp.async) against the dynamic allocation; plain C++ accesses out of it
-// fault on guard pages (see SharedGuardPages). Static __shared__ variables are plain statics, not checked.
+// fault on guard pages (see GuardPages). Static __shared__ variables are plain statics, not checked.
 // The first error is reported by the launch (emu_last_error) instead of aborting the process.
 #pragma once
 
@@ -35,16 +40,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <linux/futex.h>
-#include <mutex>
 #include <new>
 #include <pthread.h>
 #include <string>
 #include <sys/mman.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <type_traits>
 #include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 #include <utility>
 #include <vector>
 
@@ -75,20 +79,18 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 
-inline thread_local uint3 threadIdx;
-inline thread_local uint3 blockIdx;
+inline uint3 threadIdx;  // the running fiber's (see emu::resume)
+inline uint3 blockIdx;
 inline dim3 blockDim, gridDim;  // one launch at a time
 constexpr int warpSize = 32;
 
 namespace emu {
 
 // ---- errors: the first one wins, the launch reports it --------------------------------------
-inline std::mutex error_lock;
 inline std::string first_error;
-inline std::atomic<bool> failed{false};
+inline bool failed = false;
 
 inline void fail(const std::string& message) {
-    std::lock_guard<std::mutex> guard(error_lock);
     if (first_error.empty()) {
         first_error = message + " (block " + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
                       std::to_string(blockIdx.z) + " thread " + std::to_string(threadIdx.x) + "," +
@@ -101,49 +103,6 @@ inline void check(bool ok, const char* what) {
     if (!ok) fail(what);
 }
 
-// ---- a barrier that threads may leave, and that reports a deadlock instead of hanging ---------
-constexpr int DEADLOCK_SECONDS = 60;
-
-class Barrier {
-  public:
-    void reset(int count) {
-        expected_.store(count);
-        remaining_.store(count);
-    }
-    void arrive_and_wait() {
-        if (failed) return;  // after an error every barrier opens: the launch only has to finish
-        int generation = generation_.load();
-        if (remaining_.fetch_sub(1) == 1) {
-            complete();
-            return;
-        }
-        timespec step{1, 0};
-        for (int waited = 0; generation_.load() == generation && !failed; ++waited) {
-            if (waited == DEADLOCK_SECONDS) {
-                fail("deadlock: a barrier (__syncthreads or a warp operation) was not reached by every thread");
-                wake_all();
-                return;
-            }
-            syscall(SYS_futex, &generation_, FUTEX_WAIT_PRIVATE, generation, &step, nullptr, 0);
-        }
-    }
-    void arrive_and_drop() {  // a thread that has returned from the kernel
-        expected_.fetch_sub(1);
-        if (remaining_.fetch_sub(1) == 1) complete();
-    }
-    void wake_all() { syscall(SYS_futex, &generation_, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0); }
-
-  private:
-    void complete() {
-        remaining_.store(expected_.load());
-        generation_.fetch_add(1);
-        wake_all();
-    }
-    std::atomic<int> expected_{0}, remaining_{0};
-    alignas(4) std::atomic<int> generation_{0};
-    static_assert(sizeof(std::atomic<int>) == 4, "futex word");
-};
-
 // ---- per-launch state ---------------------------------------------------------------------
 struct LaunchConfig {
     unsigned grid[3], block[3];
@@ -154,14 +113,10 @@ constexpr int MAX_WARPS = 32;
 constexpr size_t STATIC_SHARED_LIMIT = 48 * 1024, DYNAMIC_SHARED_LIMIT = 227 * 1024;
 constexpr unsigned char SHARED_GARBAGE = 0xFF;  // NaN for floats: reading unwritten smem shows
 
-inline Barrier block_barrier;
-inline Barrier warp_barriers[MAX_WARPS];
-inline uint64_t exchange[MAX_WARPS][32];  // one shuffle slot per lane
-inline std::mutex atomic_lock;
 // Dynamic shared memory lies in a region of whole pages, as large as the largest allocation plus a
 // page either side; any address in the region outside the launch's bytes is out of range. A launch
 // places its bytes (rounded up to SHARED_ALIGNMENT, the alignment of its start) to end at a page
-// boundary and makes the pages around them inaccessible while it runs (SharedGuardPages), so that
+// boundary and makes the pages around them inaccessible while it runs (GuardPages), so that
 // plain C++ reads and writes out of range fault and are reported too; the < 256 rounding bytes
 // after the end are guard bytes, which catch writes.
 constexpr size_t PAGE = 4096, SHARED_ALIGNMENT = 256;
@@ -169,7 +124,6 @@ constexpr size_t SHARED_REGION = PAGE + (DYNAMIC_SHARED_LIMIT + PAGE - 1) / PAGE
 alignas(PAGE) inline unsigned char shared_region[SHARED_REGION];
 inline unsigned char* dynamic_shared_base = shared_region + PAGE;
 inline size_t dynamic_shared_bytes = 0, dynamic_shared_padded = 0;  // the launch's bytes, rounded up
-inline thread_local int lane_id, warp_id;
 
 // ---- flush-to-zero: CuPy compiles every kernel with -ftz=true (minidl/kernels/loader.py), so fp32
 // arithmetic treats subnormal inputs as zero and flushes subnormal results to zero. Kernel threads
@@ -193,6 +147,213 @@ struct KeepSubnormals {
     KeepSubnormals() { set_float_mode(saved & ~FLUSH_MODE); }
     ~KeepSubnormals() { set_float_mode(saved); }
 };
+
+// ---- fibers: one user-level context per CUDA thread of the running block ----------------------
+constexpr unsigned MAX_THREADS = 1024;
+constexpr size_t STACK_BYTES = 256 * 1024;  // per fiber, the lowest page a guard (a fault there is reported)
+
+// A switch saves the callee-saved registers and the floating-point control words on the old
+// stack and restores them from the new one, so each fiber keeps its own float mode
+// (KeepSubnormals); the first switch to a new fiber "returns" into emu_fiber_start, which calls
+// the entry function. swapcontext would do the same with a sigprocmask system call per switch.
+#if defined(__x86_64__)
+extern "C" void emu_switch_stack(void** save_sp, void* load_sp);
+extern "C" void emu_fiber_start();
+asm(R"(
+    .pushsection .text.emu_switch_stack,"axG",@progbits,emu_switch_stack,comdat
+    .weak emu_switch_stack
+    .hidden emu_switch_stack
+    .type emu_switch_stack, @function
+emu_switch_stack:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch_stack, .-emu_switch_stack
+    .weak emu_fiber_start
+    .hidden emu_fiber_start
+    .type emu_fiber_start, @function
+emu_fiber_start:
+    callq *%r12
+    ud2
+    .size emu_fiber_start, .-emu_fiber_start
+    .popsection
+)");
+
+struct Context {
+    void* sp = nullptr;
+};
+// `entry` runs on [stack, stack + bytes) with the current float mode; it must never return
+inline void prepare_context(Context& context, unsigned char* stack, size_t bytes, void (*entry)()) {
+    auto* frame = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15)) - 8;
+    uint16_t x87;
+    asm volatile("fnstcw %0" : "=m"(x87));
+    frame[0] = float_mode() | uint64_t(x87) << 32;  // then r15, r14, r13, r12, rbx, rbp, the return address
+    std::fill(frame + 1, frame + 7, 0);
+    frame[4] = reinterpret_cast<uintptr_t>(entry);
+    frame[7] = reinterpret_cast<uintptr_t>(&emu_fiber_start);
+    context.sp = frame;
+}
+inline void switch_context(Context& from, Context& to) { emu_switch_stack(&from.sp, to.sp); }
+#else
+struct Context {
+    ucontext_t state;
+};
+inline void prepare_context(Context& context, unsigned char* stack, size_t bytes, void (*entry)()) {
+    getcontext(&context.state);
+    context.state.uc_stack = {stack, 0, bytes};
+    context.state.uc_link = nullptr;
+    makecontext(&context.state, entry, 0);
+}
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.state, &to.state); }
+#endif
+
+struct Fiber {
+    Context context;
+    Fiber* next = nullptr;  // in the ready queue or in a barrier's queue
+    unsigned rank;          // threadIdx with x fastest
+    uint3 thread;
+    sigjmp_buf exit;        // where a fault in the kernel's body leaves to (GuardPages)
+};
+
+struct FiberQueue {  // first in, first out
+    Fiber *head = nullptr, *tail = nullptr;
+    bool empty() const { return head == nullptr; }
+    void push(Fiber* f) {
+        f->next = nullptr;
+        (head ? tail->next : head) = f;
+        tail = f;
+    }
+    Fiber* pop() {
+        Fiber* f = head;
+        if (f) head = f->next;
+        return f;
+    }
+    void append(FiberQueue& other) {  // and empties `other`
+        if (other.empty()) return;
+        (head ? tail->next : head) = other.head;
+        tail = other.tail;
+        other = {};
+    }
+};
+
+inline Fiber fibers[MAX_THREADS];
+inline Fiber* current = nullptr;  // the running fiber; null while the launch itself runs
+inline Context launcher;          // the launch's own context, resumed once every fiber of the block has ended
+inline FiberQueue ready;
+inline unsigned live = 0;  // fibers of the block that have not ended
+inline unsigned thread_rank = 0;
+inline int lane_id = 0, warp_id = 0;
+inline unsigned char* stacks = nullptr;  // MAX_THREADS stacks of STACK_BYTES, reserved at the first launch
+
+inline unsigned char* fiber_stack(unsigned rank) {
+    if (!stacks) {
+        void* p = mmap(nullptr, MAX_THREADS * STACK_BYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            fprintf(stderr, "cuda_emu: cannot reserve %zu MiB for the kernel threads' stacks\n",
+                    MAX_THREADS * STACK_BYTES >> 20);
+            abort();
+        }
+        stacks = static_cast<unsigned char*>(p);
+        for (unsigned t = 0; t < MAX_THREADS; ++t) mprotect(stacks + t * STACK_BYTES, PAGE, PROT_NONE);
+    }
+    return stacks + rank * STACK_BYTES + PAGE;
+}
+
+inline bool in_stack_guard(uintptr_t address) {
+    auto start = reinterpret_cast<uintptr_t>(stacks);
+    return stacks && address >= start && address < start + MAX_THREADS * STACK_BYTES && (address - start) % STACK_BYTES < PAGE;
+}
+
+// Makes `f` the running CUDA thread: the globals the kernel and the emulation read
+inline void enter(Fiber* f) {
+    current = f;
+    threadIdx = f->thread;
+    thread_rank = f->rank;
+    lane_id = int(f->rank % 32);
+    warp_id = int(f->rank / 32);
+}
+
+// ---- a barrier that fibers may leave, and that reports a deadlock instead of hanging ----------
+class Barrier {
+  public:
+    void reset(int count) {
+        expected_ = count;
+        arrived_ = 0;
+        waiting_ = {};
+    }
+    inline void arrive_and_wait();
+    void arrive_and_drop() {  // a fiber that has returned from the kernel
+        --expected_;
+        if (arrived_ > 0 && arrived_ == expected_) open();
+    }
+    void open() {  // the waiting fibers go to the back of the ready queue, in arrival order
+        ready.append(waiting_);
+        arrived_ = 0;
+    }
+
+  private:
+    int expected_ = 0, arrived_ = 0;
+    FiberQueue waiting_;
+};
+
+inline Barrier block_barrier;
+inline Barrier warp_barriers[MAX_WARPS];
+inline uint64_t exchange[MAX_WARPS][32];  // one shuffle slot per lane
+
+inline void open_all_barriers() {
+    block_barrier.open();
+    for (Barrier& b : warp_barriers) b.open();
+}
+
+// The running fiber waits (at a barrier, or released at the back of the ready queue) or has
+// ended: the next ready fiber runs, or the launch once the last fiber has ended. No fiber ready
+// while some live is a barrier that cannot complete: reported, and every barrier opens (as after
+// any error) so that the block can finish.
+inline void run_next() {
+    if (ready.empty() && live > 0) {
+        if (!failed) fail("deadlock: a barrier (__syncthreads or a warp operation) was not reached by every thread");
+        open_all_barriers();
+    }
+    Fiber *from = current, *next = ready.pop();
+    if (next == from) return;
+    if (next) {
+        enter(next);
+        switch_context(from->context, next->context);
+    } else {
+        current = nullptr;
+        switch_context(from->context, launcher);
+    }
+}
+
+inline void Barrier::arrive_and_wait() {
+    if (failed) return;  // after an error every barrier opens: the launch only has to finish
+    if (++arrived_ < expected_) {
+        waiting_.push(current);
+    } else {
+        open();
+        ready.push(current);  // after the others, so that they run in the order they arrived
+    }
+    run_next();
+}
 
 inline void* dynamic_shared_memory() { return dynamic_shared_base; }
 
@@ -223,14 +384,6 @@ inline T exchange_with(T value, int source) {
     return result;
 }
 
-struct Grid {
-    const LaunchConfig& config;
-    unsigned threads;
-    Barrier between_blocks;
-    void (*body)(void*);
-    void* context;
-};
-
 inline void prepare_block() { std::memset(dynamic_shared_base, SHARED_GARBAGE, dynamic_shared_padded); }
 
 inline bool guard_intact() {
@@ -239,9 +392,7 @@ inline bool guard_intact() {
     return true;
 }
 
-// ---- out-of-range plain C++ accesses: a fault on the guard pages ends the thread's block ---------
-inline thread_local sigjmp_buf* fault_exit = nullptr;  // while the thread runs the kernel's body
-
+// ---- faults: out-of-range plain C++ accesses, and stack overflows ------------------------------
 inline long long shared_offset(uintptr_t address) {
     return static_cast<long long>(address - reinterpret_cast<uintptr_t>(dynamic_shared_base));
 }
@@ -252,26 +403,35 @@ inline void report_out_of_range(const std::string& what, uintptr_t address, size
          std::to_string(dynamic_shared_bytes) + " bytes of dynamic shared memory)");
 }
 
-// The pages of the region outside the launch's bytes are inaccessible for the launch; a SIGSEGV
-// there, in a kernel thread, is reported (fail: the fault is synchronous, in kernel code, so the
-// lock and the allocation are safe in practice) and the thread leaves its block; any other fault
-// goes to the handler that was there before, which sees it again when the instruction re-runs.
-class SharedGuardPages {
+inline pthread_t launching_thread;  // the OS thread the running launch's fibers run on
+
+// While a launch runs, the pages of the shared region outside the launch's bytes are
+// inaccessible. A SIGSEGV there, or on the guard page below a fiber's stack, in a fiber, is
+// reported (fail: the fault is synchronous, in kernel code, so the allocation is safe in
+// practice) and the fiber's thread leaves its block; any other fault goes to the handler that was
+// there before, which sees it again when the instruction re-runs. The handler runs on a stack of
+// its own, since the fault may be a fiber's stack overflowing.
+class GuardPages {
   public:
-    SharedGuardPages() {
+    GuardPages() {
         protect(PROT_NONE);
+        stack_t own{signal_stack, 0, sizeof(signal_stack)};
+        sigaltstack(&own, &previous_stack_);
         struct sigaction mine {};
         mine.sa_sigaction = on_fault;
-        mine.sa_flags = SA_SIGINFO | SA_NODEFER;  // a longjmp leaves the handler: keep SIGSEGV unblocked
+        mine.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;  // a longjmp leaves the handler: keep SIGSEGV unblocked
         sigemptyset(&mine.sa_mask);
         sigaction(SIGSEGV, &mine, &previous());
     }
-    ~SharedGuardPages() {
+    ~GuardPages() {
         sigaction(SIGSEGV, &previous(), nullptr);
+        sigaltstack(&previous_stack_, nullptr);
         protect(PROT_READ | PROT_WRITE);
     }
 
   private:
+    static inline unsigned char signal_stack[64 * 1024];
+    stack_t previous_stack_{};
     static struct sigaction& previous() {
         static struct sigaction saved;
         return saved;
@@ -284,9 +444,16 @@ class SharedGuardPages {
     }
     static void on_fault(int, siginfo_t* info, void*) {
         auto address = reinterpret_cast<uintptr_t>(info->si_addr), region = reinterpret_cast<uintptr_t>(shared_region);
-        if (fault_exit && address >= region && address < region + SHARED_REGION) {
-            report_out_of_range("a plain C++ access (no PTX wrapper)", address, 1);
-            siglongjmp(*fault_exit, 1);
+        if (current && pthread_equal(pthread_self(), launching_thread)) {
+            if (address >= region && address < region + SHARED_REGION) {
+                report_out_of_range("a plain C++ access (no PTX wrapper)", address, 1);
+                siglongjmp(current->exit, 1);
+            }
+            if (in_stack_guard(address)) {
+                fail("stack overflow: a kernel thread used more than " + std::to_string(STACK_BYTES / 1024 - 4) +
+                     " KiB of stack");
+                siglongjmp(current->exit, 1);
+            }
         }
         sigaction(SIGSEGV, &previous(), nullptr);
     }
@@ -321,45 +488,47 @@ inline bool shared_access(const char* what, uintptr_t address, size_t bytes) {
 inline void forget_thread_state();  // ptx_emu.h: what a thread's PTX instructions left of this block
 inline void forget_warp_state();    // ptx_emu.h: what the warps published, once every thread is done
 
-// The kernel's body for this thread and block; a fault on the guard pages (reported) ends it early
-__attribute__((noinline)) inline void run_body(Grid* grid) {
-    sigjmp_buf exit_point;
-    if (sigsetjmp(exit_point, 0) == 0) {
-        fault_exit = &exit_point;
-        grid->body(grid->context);
-    }
-    fault_exit = nullptr;
+inline void (*kernel_body)(void*);  // the launch's kernel and its arguments
+inline void* kernel_arguments;
+
+// The kernel's body for this thread and block; a fault (reported) ends it early
+__attribute__((noinline)) inline void run_body() {
+    if (sigsetjmp(current->exit, 0) == 0) kernel_body(kernel_arguments);
 }
 
-inline void* run_thread(Grid* grid, unsigned tid) {
-    const LaunchConfig& c = grid->config;
-    threadIdx = {tid % c.block[0], tid / c.block[0] % c.block[1], tid / (c.block[0] * c.block[1])};
-    lane_id = tid % 32;
-    set_float_mode(float_mode() | FLUSH_MODE);
-    warp_id = tid / 32;
-    for (unsigned z = 0; z < c.grid[2]; ++z)
-        for (unsigned y = 0; y < c.grid[1]; ++y)
-            for (unsigned x = 0; x < c.grid[0]; ++x) {
-                blockIdx = {x, y, z};
-                run_body(grid);
-                forget_thread_state();  // e.g. copies still pending when the thread ends never land
-                block_barrier.arrive_and_drop();
-                my_warp().arrive_and_drop();
-                grid->between_blocks.arrive_and_wait();  // everyone is done with this block
-                if (tid == 0) {
-                    if (!guard_intact()) fail("write past the end of dynamic shared memory");
-                    reset_barriers(grid->threads);
-                    forget_warp_state();
-                    prepare_block();
-                }
-                grid->between_blocks.arrive_and_wait();  // the next block starts clean
-            }
-    return nullptr;
+[[noreturn]] inline void fiber_main() {
+    run_body();
+    forget_thread_state();  // e.g. copies still pending when the thread ends never land
+    block_barrier.arrive_and_drop();
+    my_warp().arrive_and_drop();
+    --live;
+    run_next();
+    __builtin_unreachable();  // an ended fiber is never resumed
+}
+
+// Runs every thread of block blockIdx to its end, in thread order until the first barrier
+inline void run_block(const LaunchConfig& c, unsigned threads) {
+    reset_barriers(threads);
+    forget_warp_state();
+    prepare_block();
+    for (unsigned t = 0; t < threads; ++t) {
+        Fiber& f = fibers[t];
+        f.rank = t;
+        f.thread = {t % c.block[0], t / c.block[0] % c.block[1], t / (c.block[0] * c.block[1])};
+        prepare_context(f.context, fiber_stack(t), STACK_BYTES - PAGE, fiber_main);
+        ready.push(&f);
+    }
+    live = threads;
+    Fiber* first = ready.pop();
+    enter(first);
+    switch_context(launcher, first->context);
+    threadIdx = {0, 0, 0};  // what a failure of the block as a whole names
+    if (!guard_intact()) fail("write past the end of dynamic shared memory");
 }
 
 inline bool valid_config(const LaunchConfig& c) {
     unsigned long long threads = 1ull * c.block[0] * c.block[1] * c.block[2];
-    if (threads == 0 || threads > 1024 || c.block[2] > 64)
+    if (threads == 0 || threads > MAX_THREADS || c.block[2] > 64)
         return fail("launch: block has 0 or more than 1024 threads"), false;
     if (c.grid[0] == 0 || c.grid[1] == 0 || c.grid[2] == 0) return fail("launch: empty grid"), false;
     if (c.grid[1] > 65535 || c.grid[2] > 65535) return fail("launch: gridDim.y/z over 65535"), false;
@@ -374,36 +543,27 @@ inline bool valid_config(const LaunchConfig& c) {
 inline int run_grid(const LaunchConfig& c, void (*body)(void*), void* context) {
     failed = false;
     first_error.clear();
+    threadIdx = blockIdx = {0, 0, 0};
     if (!valid_config(c)) return 1;
     unsigned threads = c.block[0] * c.block[1] * c.block[2];
     gridDim = dim3(c.grid[0], c.grid[1], c.grid[2]);
     blockDim = dim3(c.block[0], c.block[1], c.block[2]);
     place_dynamic_shared(c.shared_bytes);
-    prepare_block();
-    SharedGuardPages guard;
-    reset_barriers(threads);
-    Grid grid{c, threads, {}, body, context};
-    grid.between_blocks.reset(threads);
-
-    struct Start { Grid* grid; unsigned tid; };
-    std::vector<Start> starts(threads);
-    std::vector<pthread_t> handles(threads);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 1 << 20);
-    for (unsigned t = 0; t < threads; ++t) {
-        starts[t] = {&grid, t};
-        auto entry = [](void* s) -> void* {
-            auto* start = static_cast<Start*>(s);
-            return run_thread(start->grid, start->tid);
-        };
-        if (pthread_create(&handles[t], &attr, entry, &starts[t]) != 0) {
-            fprintf(stderr, "cuda_emu: cannot create thread %u of %u\n", t, threads);
-            abort();  // the threads already started wait for this one: nothing sane is left to do
-        }
+    kernel_body = body;
+    kernel_arguments = context;
+    launching_thread = pthread_self();
+    uint64_t caller_mode = float_mode();
+    set_float_mode(caller_mode | FLUSH_MODE);  // the fibers start with it
+    {
+        GuardPages guard;
+        for (unsigned z = 0; z < c.grid[2]; ++z)
+            for (unsigned y = 0; y < c.grid[1]; ++y)
+                for (unsigned x = 0; x < c.grid[0]; ++x) {
+                    blockIdx = {x, y, z};
+                    run_block(c, threads);
+                }
     }
-    for (unsigned t = 0; t < threads; ++t) pthread_join(handles[t], nullptr);
-    pthread_attr_destroy(&attr);
+    set_float_mode(caller_mode);
     return failed ? 1 : 0;
 }
 
@@ -497,9 +657,9 @@ inline unsigned __ballot_sync(unsigned, int predicate) {
 }
 inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
 
+// fibers switch only at barriers: a read-modify-write is atomic as it is
 template <typename T>
 inline T emu_atomic(T* address, T (*update)(T, T), T operand) {
-    std::lock_guard<std::mutex> guard(emu::atomic_lock);
     T old = *address;
     *address = update(old, operand);
     return old;
@@ -518,7 +678,6 @@ inline T atomicExch(T* address, T value) {
 }
 template <typename T>
 inline T atomicCAS(T* address, T compare, T value) {
-    std::lock_guard<std::mutex> guard(emu::atomic_lock);
     T old = *address;
     if (old == compare) *address = value;
     return old;

@@ -34,7 +34,8 @@ struct Operands {
 // two sets of slots, used in turn: a lane writes instruction i + 1's operands only after every lane
 // has reached instruction i, i.e. finished reading instruction i − 1's: one barrier per instruction
 inline Operands published[2][MAX_WARPS][32];
-inline thread_local uint64_t executed = 0;  // the same count in every lane of a warp that runs correctly
+// by thread_rank: the same count in every lane of a warp that runs correctly
+inline uint64_t executed[MAX_THREADS];
 
 enum Instruction : uint64_t { LDMATRIX = 0x10, MMA_BF16 = 0x20, MMA_TF32 = 0x21 };  // ldmatrix: | x << 1 | trans
 
@@ -46,10 +47,10 @@ struct WarpInstruction {
     bool ok = false;
 
     WarpInstruction(const char* name, uint64_t instruction, const void* address, const uint32_t* words = nullptr) {
-        ++executed;
-        Operands(&slots)[32] = published[executed % 2][warp_id];
+        uint64_t count = ++executed[thread_rank];
+        Operands(&slots)[32] = published[count % 2][warp_id];
         Operands& mine = slots[lane_id];
-        mine.tag = instruction << 48 | executed;
+        mine.tag = instruction << 48 | count;
         mine.address = address;
         if (words) std::memcpy(mine.words, words, sizeof(mine.words));
         my_warp().arrive_and_wait();
@@ -151,15 +152,19 @@ struct AsyncCopy {
     unsigned char data[16];  // read at issue: changing the source before the wait is undefined anyway
     uint64_t group;          // the group it joins: the thread's commits before it
 };
-inline thread_local std::vector<AsyncCopy> pending;  // issued, not landed, in issue order
-inline thread_local uint64_t committed = 0;         // groups this thread has committed in this block
+struct AsyncCopies {  // one thread's, in the running block
+    std::vector<AsyncCopy> pending;  // issued, not landed, in issue order
+    uint64_t committed = 0;          // groups committed
+};
+inline AsyncCopies async_copies[MAX_THREADS];  // by thread_rank
+inline AsyncCopies& my_copies() { return async_copies[thread_rank]; }
 
 }  // namespace ptx
 
 inline void forget_thread_state() {  // declared in cuda_emu.h: a block's pending copies end with it
-    ptx::pending.clear();
-    ptx::committed = 0;
-    ptx::executed = 0;
+    ptx::my_copies().pending.clear();
+    ptx::my_copies().committed = 0;
+    ptx::executed[thread_rank] = 0;
 }
 inline void forget_warp_state() { std::memset(ptx::published, 0, sizeof(ptx::published)); }
 }  // namespace emu
@@ -236,20 +241,22 @@ inline void cp_async_16(SharedAddress shared, const void* global, bool fill) {
     bool aligned = reinterpret_cast<uintptr_t>(smem) % 16 == 0 && reinterpret_cast<uintptr_t>(global) % 16 == 0;
     emu::check(aligned, "cp_async_16: the shared and global addresses must be 16-byte aligned");
     if (emu::failed || !emu::shared_access("cp_async_16", shared, 16)) return;
-    emu::ptx::AsyncCopy copy{static_cast<unsigned char*>(smem), {}, emu::ptx::committed};
+    auto& copies = emu::ptx::my_copies();
+    emu::ptx::AsyncCopy copy{static_cast<unsigned char*>(smem), {}, copies.committed};
     if (fill) std::memcpy(copy.data, global, 16);
     std::memset(smem, emu::SHARED_GARBAGE, 16);
-    emu::ptx::pending.push_back(copy);
+    copies.pending.push_back(copy);
 }
 
-inline void cp_async_commit() { ++emu::ptx::committed; }
+inline void cp_async_commit() { ++emu::ptx::my_copies().committed; }
 
 // Groups complete in order: after the wait at most N of the committed groups are pending, so the
 // copies of groups [0, committed − N) land; copies not committed yet are not waited for.
 template <int N>
 inline void cp_async_wait() {
-    auto& pending = emu::ptx::pending;
-    auto retired = [](const emu::ptx::AsyncCopy& copy) { return copy.group + N < emu::ptx::committed; };
+    auto& pending = emu::ptx::my_copies().pending;
+    uint64_t committed = emu::ptx::my_copies().committed;
+    auto retired = [committed](const emu::ptx::AsyncCopy& copy) { return copy.group + N < committed; };
     for (const auto& copy : pending)
         if (retired(copy)) std::memcpy(copy.destination, copy.data, 16);
     pending.erase(std::remove_if(pending.begin(), pending.end(), retired), pending.end());
