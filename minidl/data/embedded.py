@@ -5,7 +5,9 @@ shape of random size, position, rotation and colour on a random background colou
 noise and distractor strokes. Colours are drawn independently of the class (with a minimum
 luminance contrast between shape and background), so only the shape tells the classes apart.
 Every image is drawn from its own generator, seeded by (seed, split, class, index): the same
-seed gives byte-identical PNGs.
+seed gives byte-identical PNGs. `label_noise` moves an exact fraction of each class's training
+images into other classes' folders (uniformly chosen, named `<index>-from-<class>.png`): noisy
+labels for experiments; the images themselves and the validation set stay as without it.
 """
 
 import json
@@ -31,6 +33,7 @@ MANIFEST = "manifest.json"
 # Bump when the drawing changes, so cached datasets made by older code are regenerated.
 GENERATOR_VERSION = 1
 
+LABEL_NOISE_STREAM = 2  # the split id after train (0) and val (1): flips use their own generators
 SUPERSAMPLE = 4  # drawn at 4x resolution, then box-filtered down: antialiased edges
 
 
@@ -145,21 +148,39 @@ def draw_image(name, rng, image_size=IMAGE_SIZE, difficulty=DIFFICULTIES["defaul
     return Image.fromarray(np.clip(np.rint(noisy), 0, 255).astype(np.uint8))
 
 
-def _write_class(class_dir, seed, split_id, class_id, count, image_size, difficulty):
-    class_dir.mkdir(parents=True)
-    for i in range(count):
+def flipped_labels(seed, class_id, count, fraction):
+    """The class each of a class's `count` training images is filed under: exactly
+    round(fraction·count) of them, chosen at random, under another class drawn uniformly."""
+    rng = np.random.default_rng([seed, LABEL_NOISE_STREAM, class_id])
+    labels = np.full(count, class_id)
+    flipped = rng.choice(count, size=round(fraction * count), replace=False)
+    others = rng.integers(1, len(EMBEDDED_CLASSES), size=len(flipped))  # an offset: never the class itself
+    labels[flipped] = (class_id + others) % len(EMBEDDED_CLASSES)
+    return labels
+
+
+def _write_class(split_dir, seed, split_id, class_id, labels, image_size, difficulty):
+    """Draw a class's images; image i goes into the folder of class labels[i]."""
+    name = EMBEDDED_CLASSES[class_id]
+    (split_dir / name).mkdir(parents=True, exist_ok=True)
+    for i, label in enumerate(labels):
         rng = np.random.default_rng([seed, split_id, class_id, i])
-        image = draw_image(EMBEDDED_CLASSES[class_id], rng, image_size, DIFFICULTIES[difficulty])
-        image.save(class_dir / f"{i:05d}.png")
+        image = draw_image(name, rng, image_size, DIFFICULTIES[difficulty])
+        folder = split_dir / EMBEDDED_CLASSES[label]
+        folder.mkdir(exist_ok=True)
+        image.save(folder / (f"{i:05d}.png" if label == class_id else f"{i:05d}-from-{name}.png"))
 
 
-def _write_tree(folder, seed, counts, image_size, difficulty):
-    """Write every split's class folders, one task per folder, in parallel on all cores."""
+def _write_tree(folder, seed, counts, image_size, difficulty, label_noise):
+    """Write every split's class folders, one task per class, in parallel on all cores."""
     with ProcessPoolExecutor(os.cpu_count()) as pool:
-        tasks = [pool.submit(_write_class, folder / split / name, seed, split_id, class_id,
-                             count, image_size, difficulty)
-                 for split_id, (split, count) in enumerate(counts.items())
-                 for class_id, name in enumerate(EMBEDDED_CLASSES)]
+        tasks = []
+        for split_id, (split, count) in enumerate(counts.items()):
+            for class_id in range(len(EMBEDDED_CLASSES)):
+                noise = label_noise if split == "train" else 0.0
+                labels = flipped_labels(seed, class_id, count, noise)
+                tasks.append(pool.submit(_write_class, folder / split, seed, split_id, class_id, labels,
+                                         image_size, difficulty))
         for task in tasks:
             task.result()  # re-raises a worker's exception
 
@@ -179,9 +200,11 @@ def _read_manifest(root):
 
 
 def make_embedded_dataset(root, seed=0, train_per_class=TRAIN_PER_CLASS,
-                          val_per_class=VAL_PER_CLASS, image_size=IMAGE_SIZE, difficulty="default"):
+                          val_per_class=VAL_PER_CLASS, image_size=IMAGE_SIZE, difficulty="default",
+                          label_noise=0.0):
     """Make (or find cached) the embedded dataset under `root`; return `root` as a Path.
-    `difficulty` names one of DIFFICULTIES.
+    `difficulty` names one of DIFFICULTIES; `label_noise` is the fraction of each class's
+    training images filed under another class.
 
     The tree is written into a temporary sibling folder, the manifest last, and then renamed
     to `root`: a folder named `root` with a matching manifest is always complete.
@@ -189,9 +212,13 @@ def make_embedded_dataset(root, seed=0, train_per_class=TRAIN_PER_CLASS,
     root = Path(root)
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"unknown difficulty {difficulty!r}; choose one of {sorted(DIFFICULTIES)}")
+    if not 0 <= label_noise < 1:
+        raise ValueError(f"label_noise {label_noise} is not a fraction in [0, 1)")
     manifest = {"version": GENERATOR_VERSION, "seed": seed, "image_size": image_size,
                 "train_per_class": train_per_class, "val_per_class": val_per_class,
                 "classes": list(EMBEDDED_CLASSES), "difficulty": difficulty}
+    if label_noise:  # only then: clean datasets cached before the option keep their manifest
+        manifest["label_noise"] = label_noise
     existing = _read_manifest(root)
     if existing == manifest:
         return root
@@ -201,7 +228,8 @@ def make_embedded_dataset(root, seed=0, train_per_class=TRAIN_PER_CLASS,
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
-        _write_tree(tmp, seed, {"train": train_per_class, "val": val_per_class}, image_size, difficulty)
+        _write_tree(tmp, seed, {"train": train_per_class, "val": val_per_class}, image_size, difficulty,
+                    label_noise)
         _write_json(tmp / MANIFEST, manifest)
         _move_into_place(tmp, root, manifest)
     finally:

@@ -51,6 +51,24 @@ def test_embedded_same_seed_same_bytes_other_seed_differs(small_root, tmp_path):
     assert len(mismatch) > len(files) // 2
 
 
+def test_embedded_label_noise_files_an_exact_fraction_of_the_same_images_under_other_classes(small_root, tmp_path):
+    noisy = make_embedded_dataset(tmp_path / "noisy", label_noise=0.25, **SMALL)  # 3 of each class's 12
+    moved = [path for path in _files(noisy) if "-from-" in path.name]
+    assert len(moved) == 3 * len(EMBEDDED_CLASSES) and all(path.parts[0] == "train" for path in moved)
+    for path in moved:
+        index, source = path.stem.split("-from-")
+        assert source != path.parts[1]  # filed under another class, never its own
+        assert (noisy / path).read_bytes() == (small_root / "train" / source / f"{index}.png").read_bytes()
+    for name in EMBEDDED_CLASSES:
+        kept = [p for p in (noisy / "train" / name).glob("*.png") if "-from-" not in p.name]
+        assert len(kept) == 9
+    clean = [path for path in _files(noisy) if "-from-" not in path.name and path.name != embedded.MANIFEST]
+    _, mismatch, errors = filecmp.cmpfiles(small_root, noisy, clean, shallow=False)
+    assert mismatch == [] and errors == []  # the kept images and the whole validation set as without noise
+    with pytest.raises(ValueError, match="not a fraction"):
+        make_embedded_dataset(tmp_path / "bad", label_noise=1.0, **SMALL)
+
+
 def test_embedded_cache_hit_and_regeneration(tmp_path, monkeypatch):
     root = make_embedded_dataset(tmp_path / "data", train_per_class=2, val_per_class=1)
     calls = []

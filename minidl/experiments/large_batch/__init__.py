@@ -13,11 +13,14 @@ The same three questions on this engine, at a size that two CPU cores answer wit
    above k·n = 32's;
 2. no / constant / gradual warmup at B* and 2·B*, against k·n = 32;
 3. a fixed 2·B* against B* doubling at --control-epoch; label smoothing at --max-batch.
+4. LARS against SGD at 2, 4 and 8·B*, and B* with LARS;
+5. label smoothing 0 against 0.1 at B* and 2·B* of data with flipped training labels.
+B* also comes as a distribution over bootstrap resamples of the seeds; --parts runs a subset.
 Every row has the same epochs, schedule shape and data; only its knob differs (rows.py).
 The reference rate is tuned once, at k·n = 32, with --lr-sweep.
 
 Each run is cached under OUTPUT/runs (an interrupted study resumes, a finished one only
-redraws); OUTPUT gets results.json, table.md, error-vs-batch.png, warmup.png, control.png.
+redraws); OUTPUT gets results.json, table.md, error-vs-batch.png, warmup.png, control.png, lars.png.
 """
 
 PROG = "python -m minidl.experiments.large_batch"

@@ -11,7 +11,8 @@ from minidl.errors import UserError
 from minidl.experiments.large_batch import PROG
 from minidl.fileio import writable
 from minidl.models import MODELS
-from minidl.experiments.large_batch.rows import N, Design, batch_rows, config_for, control_rows, warmup_rows
+from minidl.experiments.large_batch.rows import (LARS_MULTIPLES, N, PARTS, Design, batch_rows, config_for, control_rows,
+                                                 lars_rows, smoothing_rows, warmup_rows)
 
 DEFAULTS = Design()
 
@@ -43,6 +44,13 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=DEFAULTS.lr, help=f"the reference rate, per {N} images")
     p.add_argument("--lr-sweep", type=numbers(float), metavar="RATES",
                    help=f"instead of the study: train k·n = {N} at each reference rate and name the best")
+    p.add_argument("--parts", type=numbers(int), default=PARTS,
+                   help="which parts to run and report, comma-separated (part 1 always: B* rests on it)")
+    p.add_argument("--tune", choices=("sgd", "lars", "label-noise"), default="sgd",
+                   help="with --lr-sweep: the rate of SGD (--lr), of LARS (--lars-lr) or of SGD on part 5's noisy "
+                        "data (--ls-lr)")
+    p.add_argument("--tune-batch", type=int, default=N, help=f"with --lr-sweep: the global batch k·n it trains")
+    p.add_argument("--lars-lr", type=float, default=DEFAULTS.lars_lr, help=f"LARS's reference rate, per {N} images")
     p.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=DEFAULTS.weight_decay,
                    help="weight decay (none on BN and biases)")
     p.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch, help=f"the largest global batch, {N}·2^j")
@@ -53,6 +61,15 @@ def parse_args(argv):
     p.add_argument("--control-epoch", type=int, default=DEFAULTS.control_epoch,
                    help="batch-size control: the epoch from which B* doubles")
     p.add_argument("--label-smoothing", type=float, default=DEFAULTS.label_smoothing)
+    p.add_argument("--label-noise", type=float, default=DEFAULTS.label_noise,
+                   help="the fraction of training labels flipped in the data of parts 1-4")
+    p.add_argument("--ls-label-noise", type=float, default=DEFAULTS.ls_label_noise,
+                   help="part 5: the fraction of training labels flipped")
+    p.add_argument("--ls-train-per-class", type=int, default=DEFAULTS.ls_train_per_class,
+                   help="part 5: training images per class")
+    p.add_argument("--ls-lr", type=float, default=DEFAULTS.ls_lr, help=f"part 5: the reference rate, per {N} images")
+    p.add_argument("--ls-seeds", type=numbers(int), default=DEFAULTS.ls_seeds,
+                   help="part 5: of the label-smoothing rows, comma-separated")
     p.add_argument("--model", default=DEFAULTS.model)
     p.add_argument("--image-size", type=int, default=DEFAULTS.image_size)
     p.add_argument("--difficulty", choices=sorted(DIFFICULTIES), default=DEFAULTS.difficulty)
@@ -70,12 +87,16 @@ def design_of(args):
 
 def check(design, sweep_rates=None):
     """The study's own constraints (the engine checks the rest of each run's configuration)."""
-    for flag in ("epochs", "image_size", "train_per_class", "val_per_class"):
+    for flag in ("epochs", "image_size", "train_per_class", "val_per_class", "ls_train_per_class"):
         if getattr(design, flag) <= 0:
             raise UserError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(design, flag)}")
     if design.model not in MODELS:
         raise UserError(f"unknown --model {design.model!r}: choose one of {', '.join(MODELS)}")
-    for flag, rate in [("--lr", design.lr)] + [("--lr-sweep", rate) for rate in sweep_rates or ()]:
+    for flag in ("label_noise", "ls_label_noise"):
+        if not 0 <= getattr(design, flag) < 1:
+            raise UserError(f"--{flag.replace('_', '-')} {getattr(design, flag):g} is not a fraction in [0, 1)")
+    rates = [("--lr", design.lr), ("--lars-lr", design.lars_lr), ("--ls-lr", design.ls_lr)]
+    for flag, rate in rates + [("--lr-sweep", rate) for rate in sweep_rates or ()]:
         if not rate > 0:  # nan included
             raise UserError(f"{flag} must be positive, got {rate:g}")
     if design.epochs < 2:
@@ -84,7 +105,8 @@ def check(design, sweep_rates=None):
     if not 0 <= design.warmup_epochs < design.epochs:
         raise UserError(f"--warmup-epochs {design.warmup_epochs:g} must be at least 0 and less than --epochs "
                         f"{design.epochs}")
-    for flag, seeds in (("--seeds", design.seeds), ("--batch-seeds", design.batch_seeds)):
+    for flag, seeds in (("--seeds", design.seeds), ("--batch-seeds", design.batch_seeds),
+                        ("--ls-seeds", design.ls_seeds)):
         if len(set(seeds)) != len(seeds):
             raise UserError(f"{flag} {','.join(map(str, seeds))} repeats a seed: list each once")
         if len(seeds) < 2 and not (sweep_rates and flag == "--seeds"):
@@ -101,17 +123,23 @@ def check(design, sweep_rates=None):
     if not 0 < design.control_epoch < design.epochs:
         raise UserError(f"--control-epoch {design.control_epoch} is not inside the {design.epochs} epochs: "
                         f"choose 1 to {design.epochs - 1}")
-    if design.train_size < 2 * design.max_batch:
-        raise UserError(f"{design.train_size} training images hold less than one batch of 2 × --max-batch = "
-                        f"{2 * design.max_batch}: raise --train-per-class or lower --max-batch")
-    for row in reachable_rows(design):  # the engine's checks now, not hours into the study
-        config_for(row, 0, design, ".", ".").resolved()
+    largest = LARS_MULTIPLES[-1] * design.max_batch
+    if design.train_size < largest:
+        raise UserError(f"{design.train_size} training images hold less than one batch of {LARS_MULTIPLES[-1]} × "
+                        f"--max-batch = {largest} (the largest LARS row): raise --train-per-class or lower --max-batch")
+    if design.noisy().train_size < 2 * design.max_batch:
+        raise UserError(f"{design.noisy().train_size} training images of part 5 hold less than one batch of 2 × "
+                        f"--max-batch = {2 * design.max_batch}: raise --ls-train-per-class or lower --max-batch")
+    for row_design, row in reachable_rows(design):  # the engine's checks now, not hours into the study
+        config_for(row, 0, row_design, ".", ".").resolved()
 
 
 def reachable_rows(design):
-    """Every row the study can train, whichever batch B* turns out to be."""
-    batches = batch_rows(design)
-    return batches + [row for b_star in batches for row in warmup_rows(b_star.batch) + control_rows(b_star.batch, design)]
+    """Every (design, row) the study can train, whichever batch B* turns out to be."""
+    batches = [row.batch for row in batch_rows(design)]
+    rows = [row for b in batches for row in warmup_rows(b) + control_rows(b, design) + lars_rows(b)]
+    noisy = [row for b in batches for row in smoothing_rows(b, design)]
+    return [(design, row) for row in batch_rows(design) + rows] + [(design.noisy(), row) for row in noisy]
 
 
 def use_device(device, argv):
@@ -138,14 +166,20 @@ def study_command(argv):
     try:
         args = parse_args(argv)
         design = design_of(args)
+        if not set(args.parts) <= set(PARTS):
+            raise UserError(f"--parts {','.join(map(str, args.parts))}: the study's parts are 1 to 5")
+        if args.tune_batch < N or args.tune_batch & (args.tune_batch - 1) or args.tune_batch > design.train_size:
+            raise UserError(f"--tune-batch {args.tune_batch} is not {N}·2^j within the {design.train_size} training "
+                            f"images: use e.g. {2 * N}")
         use_device(args.device, argv)
         output_dir, cache_dir = (writable(flag, path, folder=True) for flag, path in
                                   (("--output-dir", args.output_dir), ("--cache-dir", args.cache_dir)))
         if args.lr_sweep:
-            text, best = study.lr_sweep(design, args.lr_sweep, output_dir, cache_dir)
-            print(text + f"lowest error at η = {best:g} per {N}: run the study with --lr {best:g}")
+            text, best = study.lr_sweep(design, args.lr_sweep, output_dir, cache_dir, args.tune, args.tune_batch)
+            flag = "--" + study.TUNED[args.tune].replace("_", "-")
+            print(text + f"lowest error at η = {best:g} per {N}: run the study with {flag} {best:g}")
             return 0
-        done = study.run_study(design, output_dir, cache_dir)
+        done = study.run_study(design, output_dir, cache_dir, tuple(sorted({1, *args.parts})))
         paths = study.write_outputs(done, output_dir)
         print(study.markdown(done))
         print("\n".join(map(str, paths)))

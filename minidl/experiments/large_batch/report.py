@@ -1,7 +1,12 @@
-"""The study's numbers and figures: mean ± std over seeds, the critical batch B*, tables, plots."""
+"""The study's numbers and figures: mean ± std over seeds, the critical batch B* and its bootstrap
+distribution, the difference of two rows in pooled standard deviations, tables, plots."""
+import collections
 import dataclasses
 import itertools
+import math
 import statistics
+
+import numpy
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
@@ -39,6 +44,64 @@ def critical_batch(points):
     return list(within)[-1][0]
 
 
+def points(view):
+    """The (batch, mean, std) points of a view's rows, for critical_batch."""
+    return [(row.batch, s.mean, s.std) for row, s in ((row, Stats.of(runs)) for row, runs in view.items())]
+
+
+RESAMPLES = 2000
+
+
+def b_star_distribution(errors, size, resamples=RESAMPLES, seed=0):
+    """How often each batch is B* when the seeds are resampled: `errors` {batch: [error per seed]}, the
+    same seeds in the same order for every batch; each resample draws `size` seed indices with
+    replacement and uses them for every batch (a seed's runs stay together). {batch: fraction}."""
+    batches = sorted(errors)
+    table = numpy.array([errors[batch] for batch in batches])  # batches × seeds
+    draws = numpy.random.default_rng(seed).integers(0, table.shape[1], size=(resamples, size))
+    counts = collections.Counter()
+    for draw in draws:
+        sample = table[:, draw]
+        std = sample.std(axis=1, ddof=1) if size > 1 else numpy.zeros(len(batches))
+        counts[critical_batch(list(zip(batches, sample.mean(axis=1), std)))] += 1
+    return {batch: counts[batch] / resamples for batch in batches}
+
+
+def b_star_by_seed_count(view):
+    """{m: B*'s distribution over resamples of m seeds} for m from 2 to the seeds run: how settled B*
+    is with the seeds at hand, and how it would have scattered with fewer."""
+    errors = {row.batch: [run["val_error"] for run in runs] for row, runs in view.items()}
+    seeds = len(next(iter(errors.values())))
+    return {size: b_star_distribution(errors, size) for size in range(2, seeds + 1)}
+
+
+def distribution_table(by_count):
+    batches = list(next(iter(by_count.values())))
+    lines = ["| seeds per resample | " + " | ".join(f"P(B* = {b})" for b in batches) + " |",
+             "|---|" + "---|" * len(batches)]
+    lines += [f"| {m} | " + " | ".join(f"{p:.2f}" for p in dist.values()) + " |" for m, dist in by_count.items()]
+    return "\n".join(lines)
+
+
+def difference(base, other):
+    """other − base in the rows' error (%), and in units of their pooled standard deviation."""
+    delta = other.mean - base.mean
+    pooled = math.sqrt((base.std ** 2 + other.std ** 2) / 2)
+    return delta, delta / pooled if pooled else math.nan
+
+
+def comparison_table(view, design):
+    """Rows in pairs (without, with the knob): each pair's second row gets the difference."""
+    rows = list(view)
+    lines = ["| row | steps | val error (%) | difference | in pooled std |", "|---|---|---|---|---|"]
+    for base, other in zip(rows[::2], rows[1::2]):
+        a, b = Stats.of(view[base]), Stats.of(view[other])
+        delta, effect = difference(a, b)
+        lines += [f"| {base.name} | {base.steps(design)} | {a} | | |",
+                  f"| {other.name} | {other.steps(design)} | {b} | {delta:+.2f} | {effect:+.2f} |"]
+    return "\n".join(lines)
+
+
 def table(title, view, design):
     """`view`: {row: [result per seed]}, as every function here takes them."""
     lines = [f"| {title} | steps | val error (%) |", "|---|---|---|"]
@@ -69,23 +132,28 @@ def curves_axes(axes, rows, view, key, title, ylabel):
     axes.legend(fontsize=8)
 
 
-def error_vs_batch_figure(path, view, b_star):
+def error_vs_batch_figure(path, series, b_star, title="Error vs global batch, same epochs"):
+    """`series`: {label: view}, each drawn as mean ± std per batch with its seeds as dots; the first
+    series' smallest batch gives the reference band."""
     figure = Figure(figsize=(6.5, 4), layout="constrained")
     axes = figure.subplots()
-    stats = [Stats.of(runs) for runs in view.values()]
-    batches = [row.batch for row in view]
-    reference = stats[0]
+    (first, *_), batches = series.values(), set()
+    reference = Stats.of(first[min(first, key=lambda row: row.batch)])
     axes.axhspan(reference.mean - reference.std, reference.mean + reference.std, color="gray", alpha=0.2,
-                 label=f"k·n = {batches[0]}: mean ± std")
-    for batch, s in zip(batches, stats):
-        axes.scatter([batch] * len(s.errors), s.errors, color="tab:blue", alpha=0.35, s=12)
-    axes.errorbar(batches, [s.mean for s in stats], yerr=[s.std for s in stats], marker="o", capsize=3,
-                  color="tab:blue", label="mean ± std over seeds (dots: seeds)")
+                 label=f"k·n = {N}: mean ± std")
+    for (label, view), colour in zip(series.items(), ("tab:blue", "tab:orange")):
+        ordered = sorted(view, key=lambda row: row.batch)
+        stats = [Stats.of(view[row]) for row in ordered]
+        batches.update(row.batch for row in ordered)
+        for row, s in zip(ordered, stats):
+            axes.scatter([row.batch] * len(s.errors), s.errors, color=colour, alpha=0.35, s=12)
+        axes.errorbar([row.batch for row in ordered], [s.mean for s in stats], yerr=[s.std for s in stats],
+                      marker="o", capsize=3, color=colour, label=f"{label}: mean ± std over seeds (dots: seeds)")
     axes.axvline(b_star, color="tab:red", linestyle="--", label=f"B* = {b_star}")
     axes.set_xscale("log", base=2)
-    axes.set_xticks(batches, [str(b) for b in batches])
+    axes.set_xticks(sorted(batches), [str(b) for b in sorted(batches)])
     axes.set(xlabel="global batch k·n (n = 32 per worker, linear scaling, gradual warmup)",
-             ylabel="final validation error (%)", title="Error vs global batch, same epochs")
+             ylabel="final validation error (%)", title=title)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     return save(figure, path)

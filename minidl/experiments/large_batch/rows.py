@@ -2,7 +2,7 @@
 
 Every row trains the same model on the same data for the same number of epochs with the same
 schedule shape; a row changes only its knob (global batch, warmup, batch-size control, label
-smoothing). The global batch k·n is k simulated workers of n = 32 images, each with its own
+smoothing, the optimizer). The global batch k·n is k simulated workers of n = 32 images, each with its own
 batch norm: the engine's ghost BN over groups of 32 inside micro-batches of up to
 `micro_batch` images (above it, gradients accumulate), which trains exactly like k workers
 of 32 (tests/training/test_recipe.py). The rate follows the linear scaling rule from `lr` per 32.
@@ -14,6 +14,8 @@ from minidl.data.embedded import EMBEDDED_CLASSES
 
 N = 32  # images per simulated worker
 WARMUPS = ("gradual", "constant", "none")
+PARTS = (1, 2, 3, 4, 5)  # the study's parts; part 1 always runs: B* rests on it
+LARS_MULTIPLES = (2, 4, 8)  # LARS rows at these multiples of B*
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +24,7 @@ class Design:
     model: str = "resnet8_w8"
     image_size: int = 16
     difficulty: str = "default"
+    label_noise: float = 0.0  # the fraction of training images filed under another class
     train_per_class: int = 2000
     val_per_class: int = 500
     epochs: int = 10
@@ -32,8 +35,16 @@ class Design:
     micro_batch: int = 512  # images per forward/backward pass
     control_epoch: int = 3  # batch-size control: the epoch from which the batch doubles
     label_smoothing: float = 0.1
-    seeds: tuple = (0, 1, 2)  # parts 2 and 3 (and --lr-sweep)
+    seeds: tuple = (0, 1, 2)  # parts 2, 3, 4 and 5's batch sweep (and --lr-sweep)
     batch_seeds: tuple = (0, 1, 2, 3, 4)  # part 1: B* rests on the small batch's spread
+    # part 4, LARS's reference rate per N: the best of
+    # --lr-sweep 0.25,0.5,1,2 --tune lars --tune-batch 256 --seeds 100
+    lars_lr: float = 2.0
+    # part 5, label smoothing where labels are noisy: its own data, rate, B* and seeds
+    ls_label_noise: float = 0.4
+    ls_train_per_class: int = 1000
+    ls_lr: float = 0.2  # the best of --lr-sweep 0.05,0.1,0.2,0.4 --tune label-noise --seeds 100
+    ls_seeds: tuple = (0, 1, 2, 3, 4)
     workers: int = 1  # data loader processes
 
     @property
@@ -43,7 +54,12 @@ class Design:
     @property
     def dataset_name(self):
         return (f"embedded-{self.difficulty}-{self.image_size}px-{self.train_per_class}x{len(EMBEDDED_CLASSES)}"
-                f"-val{self.val_per_class}")
+                f"-val{self.val_per_class}" + (f"-noise{self.label_noise:g}" if self.label_noise else ""))
+
+    def noisy(self):
+        """The design of part 5's rows: the same rows and schedule on data with noisy labels."""
+        return dataclasses.replace(self, label_noise=self.ls_label_noise, train_per_class=self.ls_train_per_class,
+                                   lr=self.ls_lr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +68,7 @@ class Row:
     warmup: str = "gradual"        # one of WARMUPS
     doubles_at: int | None = None  # batch-size control: the global batch doubles from this epoch on
     label_smoothing: float = 0.0
+    opt: str = "sgd"               # or "lars", at the design's lars_lr
 
     @property
     def name(self):
@@ -62,13 +79,14 @@ class Row:
             text += ", no warmup" if self.warmup == "none" else f", {self.warmup} warmup"
         if self.label_smoothing:
             text += f", label smoothing {self.label_smoothing:g}"
-        return text
+        return text + (", LARS" if self.opt == "lars" else "")
 
     @property
     def key(self):
         """The row's folder name."""
         key = f"b{self.batch}" + (f"-x2at{self.doubles_at}" if self.doubles_at is not None else "")
-        return key + f"-{self.warmup}" + (f"-ls{self.label_smoothing:g}" if self.label_smoothing else "")
+        key += f"-{self.warmup}" + (f"-ls{self.label_smoothing:g}" if self.label_smoothing else "")
+        return key + ("-lars" if self.opt == "lars" else "")
 
     def batch_schedule(self):
         if self.doubles_at is None:
@@ -105,14 +123,25 @@ def control_rows(b_star, design):
             Row(design.max_batch), Row(design.max_batch, label_smoothing=design.label_smoothing)]
 
 
+def lars_rows(b_star):
+    """Part 4: LARS and SGD at 2, 4 and 8·B*, the same gradual warmup as every row."""
+    return [Row(m * b_star, opt=opt) for m in LARS_MULTIPLES for opt in ("sgd", "lars")]
+
+
+def smoothing_rows(b_star, design):
+    """Part 5 (on the noisy design): no smoothing against smoothing at B* and 2·B* of that data."""
+    return [Row(batch, label_smoothing=ls) for batch in (b_star, 2 * b_star) for ls in (0.0, design.label_smoothing)]
+
+
 def config_for(row, seed, design, data_path, output_dir):
     """The training configuration of one row and seed (resumes from its own checkpoint)."""
     e = design.epochs
+    lr = design.lars_lr if row.opt == "lars" else design.lr
     return Config(data_path=str(data_path), model=design.model, batch_schedule=row.batch_schedule(),
-                  max_per_rank_batch=design.micro_batch, bn_group_size=N, epochs=e, lr=design.lr, lr_base_batch=N,
+                  max_per_rank_batch=design.micro_batch, bn_group_size=N, epochs=e, lr=lr, lr_base_batch=N, opt=row.opt,
                   lr_scheduler="step", lr_steps=(e // 2, e * 3 // 4), lr_gamma=0.1,
                   lr_warmup_epochs=0.0 if row.warmup == "none" else design.warmup_epochs,
-                  lr_warmup_method="constant" if row.warmup == "constant" else "linear", lr_warmup_start=design.lr,
+                  lr_warmup_method="constant" if row.warmup == "constant" else "linear", lr_warmup_start=lr,
                   momentum=0.9, weight_decay=design.weight_decay, norm_weight_decay=0.0, zero_init_residual=True,
                   sgd_form="caffe2", label_smoothing=row.label_smoothing, train_crop_size=design.image_size,
                   val_crop_size=design.image_size, val_resize_size=design.image_size, augment="cifar", seed=seed,

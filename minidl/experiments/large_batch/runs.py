@@ -9,7 +9,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from minidl.config import Config
+from minidl.config import BASE_DEFAULTS, IMAGENET_PROFILE, Config
 from minidl.data.embedded import EMBEDDED_CLASSES
 from minidl.errors import UserError
 from minidl.experiments.large_batch.rows import config_for
@@ -43,12 +43,20 @@ def read_json(path):
         raise UserError(f"cannot read {path} ({error}): delete that run's folder to run it again") from None
 
 
+def engine_value(key, value):
+    """What the engine trains with for a setting given as `value`: one left unset (None) takes the
+    default the engine fills in for a run on image folders, as every run of the study is."""
+    return as_json(IMAGENET_PROFILE.get(key, BASE_DEFAULTS.get(key))) if value is None else value
+
+
 def check_settings(run_dir, recorded, settings):
     """Refuse a run folder made with other settings. A setting the folder's record lacks came to the
-    engine after the run was made: at its default it computes what the run computed."""
+    engine after the run was made: at its default it computes what the run computed; a setting left
+    unset equals the value the engine fills in."""
     defaults = as_json(Config().to_dict())
     changed = sorted(k for k in settings.keys() | recorded.keys()
-                     if settings.get(k, MISSING) != recorded.get(k, defaults.get(k, MISSING)))
+                     if engine_value(k, settings.get(k, MISSING))
+                     != engine_value(k, recorded.get(k, defaults.get(k, MISSING))))
     if changed:
         raise UserError(f"{run_dir} was made with other settings ({', '.join(changed)}): give another "
                         "--output-dir, or delete that folder to redo the run")

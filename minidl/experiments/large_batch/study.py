@@ -1,5 +1,6 @@
-"""The study in order: the batch sweep, B* from it, then the warmup and batch-size-control rows;
-its outputs (results.json, table.md, figures); and the sweep that picks the reference rate."""
+"""The study in order: the batch sweep, B* from it (with its bootstrap distribution), then the
+warmup, batch-size-control and LARS rows, and the label-smoothing part on noisy labels with its
+own sweep; its outputs (results.json, table.md, figures); and the sweeps that pick the rates."""
 import dataclasses
 from pathlib import Path
 
@@ -7,37 +8,89 @@ from tqdm import tqdm
 
 from minidl.data import make_embedded_dataset
 from minidl.experiments.large_batch import report
-from minidl.experiments.large_batch.rows import N, Row, batch_rows, control_rows, warmup_rows
+from minidl.experiments.large_batch.rows import (N, PARTS, Row, batch_rows, control_rows, lars_rows, smoothing_rows,
+                                                 warmup_rows)
 from minidl.experiments.large_batch.runs import run_once
 from minidl.fileio import write_json_atomic
+
+NOISY_FOLDER = "label-noise"  # part 5's runs, under the output folder: other data, so other run folders
+
+
+@dataclasses.dataclass
+class Sweep:
+    """Error vs batch on one design: its results, its batch rows over `seeds`, and B*."""
+    design: object
+    seeds: tuple
+    results: dict  # (Row, seed) -> result
+    b_star: int = None
+
+    @property
+    def rows(self):
+        return batch_rows(self.design)
+
+    def view(self, rows=None, seeds=None):
+        """{row: [result per seed]}: `rows` over `seeds` (the sweep's own by default)."""
+        seeds = seeds or self.seeds
+        return {row: [self.results[row, seed] for seed in seeds] for row in dict.fromkeys(rows or self.rows)}
+
+    def run(self, data, output_dir, bar):
+        """Train what is missing of the sweep; B* from it."""
+        pairs = missing(self.rows, self.seeds, self.results)
+        bar.total += len(pairs)
+        bar.refresh()
+        run_all(pairs, self.design, data, output_dir, self.results, bar)
+        self.b_star = report.critical_batch(report.points(self.view()))
 
 
 @dataclasses.dataclass
 class Study:
     design: object
-    results: dict  # (Row, seed) -> result
-    batch_rows: list
-    b_star: int = None
+    sweep: Sweep        # part 1
+    noisy: Sweep        # part 5's sweep, on the noisy design
     warmup_rows: list = dataclasses.field(default_factory=list)
     control_rows: list = dataclasses.field(default_factory=list)
+    lars_rows: list = dataclasses.field(default_factory=list)
+    smoothing_rows: list = dataclasses.field(default_factory=list)
+    selected: tuple = PARTS
 
-    def view(self, rows, seeds):
-        """{row: [result per seed]} of a part: its rows over its seeds."""
-        return {row: [self.results[row, seed] for seed in seeds] for row in dict.fromkeys(rows)}
+    @property
+    def b_star(self):
+        return self.sweep.b_star
+
+    def lars_b_star(self):
+        """B* by the study's rule when the batches past B* train with LARS (SGD up to B*)."""
+        up_to = [row for row in self.sweep.rows if row.batch <= self.b_star]
+        view = {**self.sweep.view(up_to), **self.sweep.view([row for row in self.lars_rows if row.opt == "lars"],
+                                                             self.design.seeds)}
+        return report.critical_batch(report.points(view))
 
     def parts(self):
-        """[(key, title, rows, seeds)] in the order of the study."""
-        design = self.design
-        return [("batch", f"Part 1: error vs global batch (gradual warmup), η = {design.lr:g} per {N}; "
-                          f"B* = {self.b_star}", self.batch_rows, design.batch_seeds),
-                ("warmup", "Part 2: warmup at B* and 2·B*", self.warmup_rows, design.seeds),
-                ("control", "Part 3: batch-size control and label smoothing", self.control_rows, design.seeds)]
+        """[(key, title, view)] of the selected parts in the order of the study; the first is the batch sweep."""
+        design, noisy, seeds, selected = self.design, self.noisy.design, self.design.seeds, self.selected
+        parts = [("batch", f"Part 1: error vs global batch (gradual warmup), η = {design.lr:g} per {N}; "
+                           f"B* = {self.b_star}", self.sweep.view())]
+        if 2 in selected:
+            parts.append(("warmup", "Part 2: warmup at B* and 2·B*", self.sweep.view(self.warmup_rows, seeds)))
+        if 3 in selected:
+            parts.append(("control", "Part 3: batch-size control and label smoothing",
+                          self.sweep.view(self.control_rows, seeds)))
+        if 4 in selected:
+            parts.append(("lars", f"Part 4: LARS (η = {design.lars_lr:g} per {N}, trust coefficient 0.001) against "
+                                  f"SGD past B*; B* with LARS = {self.lars_b_star()}",
+                          self.sweep.view(self.lars_rows, seeds)))
+        if 5 in selected:
+            parts += [("noisy-batch", f"Part 5a: error vs global batch with {noisy.label_noise:.0%} of training "
+                                      f"labels flipped, {noisy.train_per_class} images per class, η = {noisy.lr:g} "
+                                      f"per {N}; B* = {self.noisy.b_star}", self.noisy.view()),
+                      ("smoothing", "Part 5b: label smoothing at B* and 2·B* of the noisy data",
+                       self.noisy.view(self.smoothing_rows, design.ls_seeds))]
+        return parts
 
 
 def dataset(design, cache_dir):
     return make_embedded_dataset(Path(cache_dir) / design.dataset_name, train_per_class=design.train_per_class,
                                  val_per_class=design.val_per_class, image_size=design.image_size,
-                                 difficulty=design.difficulty)
+                                 difficulty=design.difficulty, label_noise=design.label_noise)
 
 
 def missing(rows, seeds, results):
@@ -55,74 +108,122 @@ def run_all(pairs, design, data, output_dir, results, bar, label=""):
                       f"{result['wall_seconds']:.0f} s")
 
 
-def run_study(design, output_dir, cache_dir):
-    data = dataset(design, cache_dir)
-    study = Study(design, {}, batch_rows(design))
-    first = missing(study.batch_rows, design.batch_seeds, study.results)
-    with tqdm(total=len(first), desc="large-batch study", unit="run", dynamic_ncols=True) as bar:
-        run_all(first, design, data, output_dir, study.results, bar)
-        stats = {row.batch: report.Stats.of(runs) for row, runs in study.view(study.batch_rows, design.batch_seeds).items()}
-        study.b_star = report.critical_batch([(batch, s.mean, s.std) for batch, s in stats.items()])
-        study.warmup_rows = warmup_rows(study.b_star)
-        study.control_rows = control_rows(study.b_star, design)
-        later = missing(study.warmup_rows + study.control_rows, design.seeds, study.results)
+def run_study(design, output_dir, cache_dir, selected=PARTS):
+    """Part 1, then those of parts 2-5 in `selected`."""
+    output_dir = Path(output_dir)
+    study = Study(design, Sweep(design, design.batch_seeds, {}), Sweep(design.noisy(), design.seeds, {}),
+                  selected=selected)
+    with tqdm(total=0, desc="large-batch study", unit="run", dynamic_ncols=True) as bar:
+        data = dataset(design, cache_dir)
+        study.sweep.run(data, output_dir, bar)
+        b_star = study.b_star
+        study.warmup_rows = warmup_rows(b_star) if 2 in selected else []
+        study.control_rows = control_rows(b_star, design) if 3 in selected else []
+        study.lars_rows = lars_rows(b_star) if 4 in selected else []
+        later = missing(study.warmup_rows + study.control_rows + study.lars_rows, design.seeds, study.sweep.results)
         bar.total += len(later)
-        bar.refresh()
-        run_all(later, design, data, output_dir, study.results, bar)
+        run_all(later, design, data, output_dir, study.sweep.results, bar)
+        if 5 in selected:
+            noisy_data, noisy_dir = dataset(study.noisy.design, cache_dir), output_dir / NOISY_FOLDER
+            study.noisy.run(noisy_data, noisy_dir, bar)
+            study.smoothing_rows = smoothing_rows(study.noisy.b_star, design)
+            later = missing(study.smoothing_rows, design.ls_seeds, study.noisy.results)
+            bar.total += len(later)
+            run_all(later, study.noisy.design, noisy_data, noisy_dir, study.noisy.results, bar)
     return study
 
 
 def markdown(study):
+    (_, batch_title, batch_view), *others = study.parts()
     design = study.design
-    (_, batch_title, batch_rows_, batch_seeds), *others = study.parts()
-    parts = [batch_title, report.batch_table(study.view(batch_rows_, batch_seeds), design)]
-    for _, title, rows, seeds in others:
-        parts += [title, report.table("row", study.view(rows, seeds), design)]
+    parts = [batch_title, report.batch_table(batch_view, design), "B* over bootstrap resamples of the seeds "
+             "(m of them per resample, drawn with replacement, the same seeds for every batch):",
+             report.distribution_table(report.b_star_by_seed_count(batch_view))]
+    for key, title, view in others:
+        sweep = study.noisy if key in ("noisy-batch", "smoothing") else study.sweep
+        if key == "noisy-batch":
+            parts += [title, report.batch_table(view, sweep.design), report.distribution_table(
+                report.b_star_by_seed_count(view))]
+        elif key == "smoothing":
+            parts += [title, report.comparison_table(view, sweep.design)]
+        else:
+            parts += [title, report.table("row", view, sweep.design)]
     return "\n\n".join(parts) + "\n"
 
 
 def write_outputs(study, output_dir):
-    """results.json, table.md and the three figures; returns the paths."""
+    """results.json, table.md and the selected parts' figures; returns the paths."""
     output_dir, design, b_star = Path(output_dir), study.design, study.b_star
     parts = {}
-    for key, title, rows, seeds in study.parts():
+    for key, title, view in study.parts():
+        row_design = study.noisy.design if key in ("noisy-batch", "smoothing") else design
         parts[key] = {"title": title, "rows": {
-            row.key: {"name": row.name, "steps": row.steps(design), **dataclasses.asdict(report.Stats.of(runs)),
+            row.key: {"name": row.name, "steps": row.steps(row_design), **dataclasses.asdict(report.Stats.of(runs)),
                       "runs": [{k: run[k] for k in ("seed", "val_error", "diverged", "wall_seconds")} for run in runs]}
-            for row, runs in study.view(rows, seeds).items()}}
+            for row, runs in view.items()}}
+    summary = {"design": dataclasses.asdict(design), "parts_run": list(study.selected), "b_star": b_star,
+               "b_star_by_seed_count": report.b_star_by_seed_count(study.sweep.view())}
+    if 4 in study.selected:
+        summary["lars_b_star"] = study.lars_b_star()
+    if 5 in study.selected:
+        summary.update(noisy_b_star=study.noisy.b_star,
+                       noisy_b_star_by_seed_count=report.b_star_by_seed_count(study.noisy.view()))
+    results = list(study.sweep.results.values()) + list(study.noisy.results.values())
     write_json_atomic(output_dir / "results.json",
-                      {"design": dataclasses.asdict(design), "b_star": b_star, "parts": parts,
-                       "wall_seconds": sum(run["wall_seconds"] for run in study.results.values())})
+                      dict(summary, parts=parts, wall_seconds=sum(run["wall_seconds"] for run in results)))
     (output_dir / "table.md").write_text(markdown(study))
-    ref, fixed, control, largest, smoothed = study.control_rows
+    figures = [report.error_vs_batch_figure(output_dir / "error-vs-batch.png", {"SGD": study.sweep.view()}, b_star)]
     small = Row(N)
-    warmup = study.view(study.warmup_rows, design.seeds)
-    warmup_panels = [(f"warmup at k·n = {batch}", [small] + [row for row in warmup if row.batch == batch])
-                     for batch in (b_star, 2 * b_star)]
-    control_panels = [(f"batch-size control: {control.name}", [small, ref, fixed, control]),
-                      (f"label smoothing at k·n = {largest.batch}", [small, largest, smoothed])]
-    return [output_dir / "results.json", output_dir / "table.md",
-            report.error_vs_batch_figure(output_dir / "error-vs-batch.png",
-                                         study.view(study.batch_rows, design.batch_seeds), b_star),
-            report.curves_figure(output_dir / "warmup.png", warmup_panels, warmup, "train_loss_curve",
-                                 "training loss"),
-            report.curves_figure(output_dir / "control.png", control_panels,
-                                 study.view(study.control_rows + [small], design.seeds), "val_error_curve",
-                                 "validation error (%)")]
+    if 2 in study.selected:
+        warmup = study.sweep.view(study.warmup_rows, design.seeds)
+        panels = [(f"warmup at k·n = {batch}", [small] + [row for row in warmup if row.batch == batch])
+                  for batch in (b_star, 2 * b_star)]
+        figures.append(report.curves_figure(output_dir / "warmup.png", panels, warmup, "train_loss_curve",
+                                            "training loss"))
+    if 3 in study.selected:
+        ref, fixed, control, largest, smoothed = study.control_rows
+        panels = [(f"batch-size control: {control.name}", [small, ref, fixed, control]),
+                  (f"label smoothing at k·n = {largest.batch}", [small, largest, smoothed])]
+        figures.append(report.curves_figure(output_dir / "control.png", panels,
+                                            study.sweep.view(study.control_rows + [small], design.seeds),
+                                            "val_error_curve", "validation error (%)"))
+    if 4 in study.selected:
+        by_opt = {opt: study.sweep.view([row for row in study.lars_rows if row.opt == opt], design.seeds)
+                  for opt in ("sgd", "lars")}
+        figures.append(report.error_vs_batch_figure(output_dir / "lars.png",
+                                                    {"SGD": {**study.sweep.view(), **by_opt["sgd"]},
+                                                     "LARS": by_opt["lars"]},
+                                                    b_star, title="LARS against SGD past B*, same epochs"))
+    return [output_dir / "results.json", output_dir / "table.md", *figures]
 
 
-def lr_sweep(design, rates, output_dir, cache_dir):
-    """The small batch (k·n = n) at each reference rate; returns the markdown table and the best rate."""
-    data = dataset(design, cache_dir)
+TUNED = {"sgd": "lr", "lars": "lars_lr", "label-noise": "ls_lr"}  # --tune: the Design field each sweep picks
+
+
+def tuning(design, target, rate, batch=N):
+    """The design and the row (k·n = `batch`) that tune `target`'s rate, at `rate`."""
+    if target == "label-noise":
+        return design.noisy() if rate is None else dataclasses.replace(design.noisy(), lr=rate), Row(batch)
+    tuned = design if rate is None else dataclasses.replace(design, **{TUNED[target]: rate})
+    return tuned, Row(batch, opt="lars" if target == "lars" else "sgd")
+
+
+def lr_sweep(design, rates, output_dir, cache_dir, target="sgd", batch=N):
+    """`batch` (k·n) at each reference rate of `target` (one of TUNED); returns the markdown table and
+    the best rate."""
+    data = dataset(tuning(design, target, None)[0], cache_dir)
+    sweep_dir = Path(output_dir) / "lr-sweep"
+    name = ("" if target == "sgd" else f"{target}-") + ("" if batch == N else f"b{batch}-")
     stats, results = {}, {}
     with tqdm(total=len(rates) * len(design.seeds), desc="rate sweep", unit="run", dynamic_ncols=True) as bar:
         for rate in rates:
-            run_all(missing([Row(N)], design.seeds, results), dataclasses.replace(design, lr=rate), data,
-                    Path(output_dir) / "lr-sweep" / f"lr{rate:g}", results, bar, label=f"η = {rate:g}: ")
-            stats[rate] = report.Stats.of([results.pop((Row(N), seed)) for seed in design.seeds])
+            tuned, row = tuning(design, target, rate, batch)
+            run_all(missing([row], design.seeds, results), tuned, data, sweep_dir / f"{name}lr{rate:g}", results, bar,
+                    label=f"η = {rate:g}: ")
+            stats[rate] = report.Stats.of([results.pop((row, seed)) for seed in design.seeds])
     best = min(stats, key=lambda rate: stats[rate].mean)
-    lines = [f"| η per {N} (k·n = {N}) | val error (%) |", "|---|---|"]
+    lines = [f"| η per {N} (k·n = {batch}, {target}) | val error (%) |", "|---|---|"]
     lines += [f"| {rate:g}{' (lowest)' if rate == best else ''} | {stats[rate]} |" for rate in rates]
     text = "\n".join(lines) + "\n"
-    (Path(output_dir) / "lr-sweep" / "table.md").write_text(text)
+    (sweep_dir / f"{name}table.md").write_text(text)
     return text, best
