@@ -1,30 +1,13 @@
 """A small define-by-run autograd engine (DeZero-sized).
 
 A `Tensor` wraps an array (`.data`, NumPy or CuPy) and, after `backward()`, its gradient
-(`.grad`, a Tensor). Every differentiable operation is a `Function` whose `forward` and
-`backward` work on raw arrays; calling a Function records it as the `creator` of its outputs,
-so `backward()` can walk the graph from the loss back to the leaves.
+(`.grad`); every differentiable operation is a `Function` whose call records it as the
+`creator` of its outputs, and `backward()` walks that graph from the loss to the leaves,
+highest `generation` first. Gradients accumulate; a leaf whose `.grad` exists (a view into
+the optimizer's flat buffer) is accumulated into IN PLACE, which keeps that view valid.
+Hooks (`grad_hook`, `set_scope`, `set_backward_observer`) are None by default.
 
-Order: each Function gets a `generation` one above its newest input; backward pops the
-highest generation first, so a Function runs only after every consumer of its outputs has
-delivered its gradient (a topological order without a full sort).
-
-Memory: outputs are held weakly by their creator and a Function drops its saved arrays as
-soon as its backward has run, so activations are freed progressively during backward;
-gradients of intermediate tensors are released once they have been consumed.
-
-Gradients accumulate: a tensor used twice receives the sum. A leaf whose `.grad` already
-exists (a parameter whose gradient is a view into the optimizer's flat buffer) is
-accumulated into IN PLACE, which keeps that view valid.
-
-Hooks, all None by default (then nothing is done or kept):
-- a tensor whose `grad_hook` is set (a class attribute) has it called as `grad_hook(tensor)`
-  right after each accumulation into its `.grad`. The gradient all-reduce
-  (minidl.distributed.GradientReducer) uses it to launch communication during backward;
-- `set_scope(tag)`: while a tag is set, every Function recorded in the graph keeps it as
-  `function.scope` (a tracer sets the name of the module whose forward is running);
-- `set_backward_observer(before, after)`: backward calls `before(function)` and
-  `after(function)` around each Function's backward (a tracer times them).
+Details: docs/design.md, "minidl/autograd.py".
 """
 import contextlib
 import heapq

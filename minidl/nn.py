@@ -2,15 +2,11 @@
 
 A `Module` records its parameters, buffers and submodules in the order they are assigned,
 so every process that builds the same model lists them in the same order: the flat
-optimizer buffers and the gradient all-reduce rely on that. Names follow torch's
-(`layer1.0.conv1.weight`, `bn1.running_mean`), which keeps weight interchange simple.
+optimizer buffers and the gradient all-reduce rely on that. Names follow torch's. Initial
+values come from one host generator seeded by `manual_seed`, so the same seed gives the same
+model on CPU and GPU. `Module.call_hook` (None by default) can wrap every module call.
 
-Initial values are drawn on the host from one generator seeded by `manual_seed`, then moved
-to the array module, so the same seed gives the same model on CPU and GPU.
-
-Hook: while `Module.call_hook` is set (None by default), calling a module runs
-`Module.call_hook(module, args)` instead of `module.forward(*args)`; the hook must call
-`module.forward(*args)` and return its result (a tracer times each module that way).
+Details: docs/design.md, "minidl/nn.py".
 """
 import math
 from collections import OrderedDict

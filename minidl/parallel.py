@@ -1,33 +1,12 @@
 """CPU parallelism: the work is split into chunks that threads process side by side.
 
-NumPy releases the GIL inside ufuncs, copies and BLAS calls, so Python threads that each
-take a slice of the batch keep every core busy, the elementwise passes (batch norm, ReLU,
-im2col) included, which BLAS threading alone never parallelizes. BLAS itself is made
-single-threaded: the per-chunk matrices are small, where its own threads cost more than
-they give, and two levels of threads would oversubscribe the cores.
+NumPy releases the GIL inside ufuncs, copies and BLAS calls, so threads that each take a
+slice of the batch keep every core busy; BLAS itself runs single-threaded. Chunks are sized
+for the cache (`CHUNK_BYTES`); the split depends on the work alone, never on the thread
+count, and partial sums are added in chunk order: results are the same bit for bit whatever
+the number of threads (`MINIDL_NUM_THREADS`). On a GPU every call is one chunk.
 
-Chunks are sized for the cache: an im2col block of about `CHUNK_BYTES` is consumed by the
-matrix product while it is still in cache, so the R·S-times larger column matrix of a
-convolution never travels to memory. The split depends on the work alone, never on the
-thread count, and partial sums are added in chunk order: results are the same bit for bit
-whatever the number of threads. A split into several chunks makes a multiple of `BALANCE`
-of them where the work allows, so that pairs of threads finish together. Chunks must not be
-much smaller either: each NumPy call hands the GIL over, which costs microseconds when the
-other thread waits for it, so calls that take less than some tens of microseconds do not run
-side by side (measured on 2 cores: a pass over 256 KiB gains nothing from a second thread,
-one over 1 MiB runs 1.8× as fast).
-
-`matmul` splits one large product over column blocks: for the layers whose whole batch is one
-chunk (few pixels, large weights) and for the classifier.
-
-The calling thread works too: it and `num_threads - 1` helpers take chunks in turn until
-none is left, so a pass costs one hand-over per helper, not one per chunk. A chunk that
-itself calls into this module runs its inner pass serially (no nested parallelism).
-
-The allocator is told to keep freed memory (see `_keep_freed_memory`).
-
-On a GPU there is nothing to do here: every call is one chunk, the kernels parallelize.
-`MINIDL_NUM_THREADS` sets the thread count (default: the cores this process may use).
+Details: docs/design.md, "minidl/parallel.py".
 """
 import ctypes
 import ctypes.util

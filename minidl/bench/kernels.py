@@ -1,20 +1,11 @@
 """`python -m minidl.bench kernels`: the CUDA kernels on every ResNet-50 shape, against cuDNN.
 
-For every distinct convolution of ResNet-50 at 224×224 (forward, grad-input, grad-weight), the
-batch-norm kernels on every distinct BN shape (training forward: statistics + normalize;
-backward) and the fused SGD update over a ResNet-50-sized flat buffer: the median of --runs
-timed runs after --warmup, each run timed with CUDA events with the L2 cache flushed before it;
-achieved TFLOP/s (convolutions: 2·N·P·Q·K·R·S·C per pass) or GB/s (bytes the kernels must move)
-next to the device's ceiling (tensor-core or fp32 peak at the maximum clock; measured copy
-bandwidth), and, when PyTorch is importable, the same operation through cuDNN / PyTorch's CUDA
-kernels (channels_last, TF32 allowed, bf16 tensors) as a speed ratio (> 1: minidl is faster).
-Each operation is validated against PyTorch's result before it is timed.
+Convolutions (forward, grad-input, grad-weight), batch norm and the fused SGD update, each
+validated against PyTorch and then timed, next to the device's ceiling and, when PyTorch is
+importable, cuDNN / PyTorch's CUDA kernels. GPU only: on a CPU it says so and exits 2, unless
+an emulated device is in charge of NumPy arrays (MINIDL_DEVICE_KERNELS; `--shapes small`).
 
-Targets (met here, not in tests): convolutions ≥ 0.5× cuDNN (geometric mean), batch norm
-≥ 70% and SGD ≥ 80% of the copy bandwidth. GPU only: on a CPU it says so and exits 2, unless an
-emulated device is in charge of NumPy arrays (MINIDL_DEVICE_KERNELS; tests/gpu_check.sh
---dry-run): then the same code runs with NumPy for CuPy, PyTorch on the CPU for the peers and a
-host clock for the events, on `--shapes small` (its figures say nothing of a GPU).
+Details: docs/ops.md, "minidl/bench/kernels.py".
 """
 import argparse
 import json

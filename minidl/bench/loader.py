@@ -3,19 +3,11 @@
     python -m minidl.bench loader                        # generates full-size JPEGs first
     python -m minidl.bench loader --data-path /data/imagenet --shards /data/imagenet-h5
 
-Each row reads the training split through minidl's DataLoader (random-resized-crop to 224 and
-flip, uint8 batches) from the JPEG folder or from its HDF5 shards, with 1, 2, ... worker
-processes; torchvision's ImageFolder + DataLoader (RandomResizedCrop, RandomHorizontalFlip,
-PILToTensor: the same work, uint8 out) runs on the same folder with the same workers in the
-same process, when it is importable. Rates count the images after the first batch, from its
-arrival to the last batch's: worker start-up is not measured. Each row is the median of
---repeat runs, taken in turns with the other rows so that a busy spell on a shared machine
-slows every row alike. "CPU ms/img" is the CPU time of the workers and of the consuming
-process per image, start-up included, which other load on the machine barely changes; the
-cores one GPU consuming 5,000 img/s needs follow from it.
+Each row reads the training split through minidl's DataLoader, from the JPEG folder or its
+HDF5 shards, with 1, 2, ... workers, beside torchvision's ImageFolder + DataLoader doing the
+same work when it is importable; a row is the median of --repeat runs taken in turns.
 
-Without --data-path, a tree of full-size (470-500 x 350-375, ~100 KB) JPEGs is generated into
-the cache (once) and packed into shards with data/prepare_imagenet.py.
+Details: docs/data.md, "minidl/bench/loader.py".
 """
 
 import argparse

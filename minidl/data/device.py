@@ -1,17 +1,11 @@
 """The asynchronous host -> GPU copy of uint8 batches (CuPy), overlapping the training step.
 
-The loader's batch ring is registered with CUDA as page-locked (pinned) memory, so a copy
-from it is a DMA transfer that runs on a stream of its own while the default stream computes
-(from pageable memory CUDA would stage it through a bounce buffer, synchronously). Only uint8
-crosses the bus: one byte per channel, a quarter of float32; `normalize` makes floats on the
-device.
+The loader's batch ring is page-locked (pinned), so a copy from it is a DMA transfer on a
+stream of its own while the default stream computes; only uint8 crosses the bus, and
+`normalize` makes floats on the device. All ordering is by CUDA events, never by
+synchronizing the device; a ring slot goes back to the workers only once its copy is done.
 
-Ordering, all by CUDA events, none by synchronizing the device:
-- the device array is allocated from CuPy's pool on the consumer's (current) stream, and the
-  copy stream waits for an event recorded there just after: memory the pool hands out again
-  may still be read by earlier work on that stream, which then comes first;
-- the consumer's stream waits for the copy's event before the batch is used;
-- the loader gives a ring slot back to its workers only once the copy out of it is complete.
+Details: docs/data.md, "minidl/data/device.py".
 """
 
 import warnings

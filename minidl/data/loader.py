@@ -1,25 +1,12 @@
 """Batches of decoded, augmented uint8 images, on the host or (asynchronously) on the GPU.
 
-    loader = DataLoader(dataset, batch_size, transform, workers=8,
-                        sampler=DistributedSampler(len(dataset), rank, world_size, seed))
-    for epoch in ...:
-        loader.set_epoch(epoch)
-        for images, labels in loader:   # uint8 (B, H, W, 3), int64 (B,)
-            ...
-        loader.skipped                   # images skipped this epoch (undecodable)
+Order comes from the sampler, augmentation from (seed, epoch, index): the batches are the
+same for any number of workers. An undecodable image is skipped and counted in
+`loader.skipped`; its batch comes out that much smaller, labels still matching, and is never
+dropped, so every rank makes the same number of steps. Images are made into a ring of shared
+batch buffers; with `to_device=True` (CuPy) they arrive as a CuPy array, copied one batch ahead.
 
-Order comes from the sampler (one permutation per epoch from the seed, dealt out to ranks),
-augmentation from (seed, epoch, index): the batches are the same for any number of workers.
-
-Undecodable images (corrupt, truncated, not images) are skipped: the batch that should have
-held them comes out that much smaller, possibly empty, with labels still matching images. It
-is never dropped, so every rank makes the same number of steps. A warning names each file
-(once per file per process); `loader.skipped` counts them again every epoch.
-
-Memory: images are made into a ring of `max(2, workers * prefetch)` batch buffers shared with
-the workers. On the host each batch is copied out of its slot before it is yielded, so the
-caller may keep it. With `to_device=True` (CuPy) the images arrive as a CuPy array, copied
-from the ring one batch ahead on a stream of their own (see device.py); labels stay NumPy.
+Details: docs/data.md, "minidl/data/loader.py".
 """
 
 import warnings

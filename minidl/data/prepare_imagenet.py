@@ -1,17 +1,13 @@
 """Pack an ImageNet-layout folder into HDF5 shards that `minidl-train --data-path DST` reads.
 
-    minidl-prepare-imagenet SRC DST                   # JPEG bytes kept as they are
-    minidl-prepare-imagenet SRC DST --resize 160      # re-encoded, short side 160
-    minidl-prepare-imagenet SRC DST --val-labels LOC_val_solution.csv   # flat val/
+    minidl-prepare-imagenet SRC DST [--resize 160] [--val-labels LOC_val_solution.csv]
 
-(also `python data/prepare_imagenet.py ...` from a checkout, or `python -m minidl.data.prepare_imagenet`)
+Shards are made in parallel (--workers), each written under a temporary name and renamed,
+with a sidecar `<shard>.json` (checksum, fingerprint). Re-running the same command resumes,
+keeping every shard that verifies. index.json is written last: until it exists the folder is
+not a dataset.
 
-SRC holds train/<wnid>/*.JPEG and val/<wnid>/*.JPEG, or a flat val/ whose labels a file gives
-(see data/README.md). Shards are made in parallel (--workers), each written under a temporary
-name, flushed and renamed, then recorded in a sidecar `<shard>.json` with its checksum and a
-fingerprint of what it holds. Re-running the same command resumes: a shard whose sidecar
-matches and whose checksum verifies is kept, any other is made again. index.json is written
-last; until it exists the folder is not a dataset.
+Details: docs/data.md, "minidl/data/prepare_imagenet.py".
 """
 
 import hashlib

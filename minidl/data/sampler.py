@@ -1,20 +1,12 @@
 """Which samples each rank reads in an epoch (Goyal et al. 2017, remark 4).
 
-Every epoch draws ONE random permutation of the whole dataset from (seed, epoch), the same on
-every rank, and deals it out: rank r takes positions r, r + W, r + 2W, ... (W ranks). When W
-does not divide the dataset, the tail is either dropped (the last size % W positions of the
-permutation go unread this epoch) or padded: the permutation is extended by its own first
-positions until W divides it, so a few samples are read twice. Either way every rank gets
-the same number of samples, so all ranks run the same number of steps.
+Every epoch draws ONE permutation of the whole dataset from (seed, epoch), the same on every
+rank, and deals it out: rank r takes positions r, r + W, r + 2W, ... (W ranks); the tail is
+dropped or padded so that all ranks run the same number of steps. A step of global batch G
+then reads the next G positions whatever W, so a run resumed on another number of ranks reads
+exactly what was left. `pad=False` (evaluation) reads every sample exactly once.
 
-Dealt this way, batch b of all W ranks together (P images each) covers positions b·P·W to
-(b+1)·P·W of the permutation: an optimizer step of global batch G = P·W reads the next G
-positions, whatever W. So a run resumed on another number of ranks with the same global batch
-(minidl.training.state) reads exactly the positions the interrupted run had left, each once.
-
-For evaluation, `pad=False` (with drop_last=False) reads every sample exactly once: ranks
-then get ceil(size / W) or floor(size / W) samples, which suits loops that only all-reduce
-their sums at the end (50,000 images on 256 ranks would otherwise count 176 twice).
+Details: docs/data.md, "minidl/data/sampler.py".
 """
 
 import numpy as np

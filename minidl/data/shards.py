@@ -1,17 +1,12 @@
 """The HDF5 shard format that data/prepare_imagenet.py writes and HDF5Dataset reads.
 
-A prepared folder holds `index.json` and, per split, shards `<split>-00000.h5`, ... Each shard
-holds `count` images, in the order of the image folder they came from:
-- `encoded`: uint8, every image's encoded file (JPEG, or PNG as found) one after another;
-- `offsets`: int64 (count + 1,), image k is encoded[offsets[k]:offsets[k + 1]];
-- `labels`: int64 (count,), class indices into the index's `classes`;
-- `names`: str (count,), each image's path relative to the source folder (for messages).
-`encoded` is chunked in CHUNK_BYTES pieces: a shard is written image by image, never held
-whole in memory, and reading one image touches about its own size of the file.
+A prepared folder holds `index.json` (written last, atomically) and, per split, shards
+`<split>-00000.h5`, ... Each shard holds `count` images in the order of their source folder:
+`encoded` (every image's encoded file, one after another), `offsets`, `labels` and `names`.
+`encoded` is chunked in CHUNK_BYTES pieces, so a shard is written image by image and reading
+one image touches about its own size of the file.
 
-`index.json` (written last, atomically): {"format", "version", "classes": [wnid, ...],
-"resize": short side or null, "splits": {split: {"images", "class_counts", "shards":
-[{"file", "images", "sha256"}]}}}.
+Details: docs/data.md, "minidl/data/shards.py".
 """
 
 import hashlib

@@ -1,16 +1,12 @@
 """Worker processes that decode and augment batches into a shared ring (batches.Ring).
 
-The parent puts (batch number, slot, epoch, indices) on a task queue; any idle worker takes
-it, writes the images into the slot and answers with the labels and the skipped images' names
-(a few hundred bytes; the pixels never travel through a pipe). The parent yields the batches
-in order, holding back any that finish early.
+The parent puts (batch number, slot, epoch, indices) on a task queue; any idle worker writes
+the images into the slot and answers with the labels and the skipped images' names (the
+pixels never travel through a pipe); the parent yields the batches in order. Shutdown never
+hangs and leaves no process behind: `close()` sets a stop flag, waits a few seconds, then
+terminates whoever is left; workers ignore SIGINT and exit once their parent is gone.
 
-Shutdown never hangs and leaves no process behind. `close()` (also reached at the end of an
-epoch, on an early break, on Ctrl-C and when a worker raised) sets a stop flag that workers
-check between images, waits a few seconds, then terminates whoever is left. Workers ignore
-SIGINT, which the terminal sends to the whole process group: Ctrl-C is the parent's to
-handle. They are daemonic, so the interpreter stops them at exit, and each one exits by
-itself once its parent is gone (even a parent killed by SIGKILL).
+Details: docs/data.md, "minidl/data/workers.py".
 """
 
 import multiprocessing

@@ -1,19 +1,11 @@
 """Weights to and from PyTorch/torchvision as a NumPy .npz of torchvision's state dict.
 
-Our parameter and buffer names are torchvision's, so the only differences are layout and
-one buffer: convolution weights are KRSC here and KCRS (out, in, kh, kw) there, and every
-torchvision BatchNorm has a `num_batches_tracked` counter. torch reads that counter only when
-a BN's momentum is None (a cumulative average); ours have momentum 0.1, so it carries no
-information: export writes 0 (what a freshly built torchvision model holds), import ignores it.
+Parameter and buffer names are torchvision's, so only layout and one buffer differ:
+convolution weights are KRSC here and KCRS there (every 4-D array is one), and the
+`num_batches_tracked` counter of torchvision's BatchNorm, which carries no information at
+momentum 0.1, is written as 0 on export and ignored on import.
 
-    export_torchvision(model, "r50.npz")
-    # in PyTorch:
-    tv_model.load_state_dict({k: torch.from_numpy(v) for k, v in numpy.load("r50.npz").items()})
-
-    numpy.savez("r50.npz", **{k: v.numpy() for k, v in tv_model.state_dict().items()})
-    import_torchvision(model, "r50.npz")
-
-Every 4-D array is a convolution weight (true of the whole model zoo); others keep their layout.
+Details: docs/design.md, "minidl/models/interop.py".
 """
 import io
 import zipfile

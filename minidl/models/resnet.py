@@ -1,27 +1,12 @@
 """The ResNet family (He et al. 2016), NHWC, with torchvision's module names.
 
-ImageNet models (`resnet18` ... `resnet152`): 7×7 stride-2 stem and 3×3 max pool, four
-stages of 64/128/256/512 planes; v1.5, i.e. a bottleneck downsamples in its 3×3 conv, not its
-first 1×1. `resnet50(num_classes=1000)` has 25,557,032 parameters, as torchvision's does.
+ImageNet models `resnet18` ... `resnet152` (v1.5: a bottleneck downsamples in its 3×3 conv)
+and CIFAR models `resnet20/32/56` and `resnet8_w8` (depth 6n+2, 3×3 stem); a shortcut that
+changes shape is a 1×1 convolution + BN. Initialization follows Goyal et al. Every BN that a
+ReLU follows is fused with it; with `fuse` the batch norms are fused into the convolutions
+instead, and `compute_dtype` set to bf16 runs the residual stages in bf16.
 
-CIFAR models (`resnet20/32/56`, depth 6n+2): 3×3 stem, three stages of n basic blocks with
-16/32/64 channels; `resnet8_w8` is the smallest of them at half width (one block per stage,
-8/16/32 channels, 19,954 parameters with 10 classes), for studies of many runs on a CPU. Shortcuts that change shape use a 1×1 convolution + BN (He et al.'s
-option B), the same kind of shortcut as the ImageNet models.
-
-Initialization (Goyal et al.): He normal (fan_out) for convolutions, γ = 1 and β = 0 for BN,
-N(0, 0.01) for the classifier's weight and 0 for its bias; with `zero_init_residual` the
-last BN of every residual block starts at γ = 0, so each block starts as the identity.
-
-Every BN that a ReLU follows is fused with it, and a block ends in one fused BN+add+ReLU
-(minidl.ops.norm_relu: one kernel sequence on a GPU, the unfused arithmetic elsewhere). With
-`fuse` (--fuse) the batch norms are fused into the convolutions instead (minidl.ops.normconv):
-each convolution also gives its output's statistics, the next applies BN and ReLU while it
-reads its input, and a block ends in one BN+add+ReLU that also normalizes a projection
-shortcut's output; only the blocks' inputs and outputs are written. With
-`compute_dtype` set to bf16 (--amp, minidl.amp) the residual stages run in bf16: the
-activations are cast after the stem's pooling and back to float32 before the average pool and
-the classifier.
+Details: docs/design.md, "minidl/models/resnet.py".
 """
 import math
 

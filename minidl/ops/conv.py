@@ -1,30 +1,12 @@
 """2-D convolution, NHWC activations and KRSC weights, as im2col + one matrix product.
 
-Forward: the padded input is viewed (no copy) as windows of shape (N, P, Q, R, S, C); with
-channels last, one window row (r, s, c) is exactly one row of the weight matrix (K, R·S·C),
-so `cols (N·P·Q, R·S·C) @ w.T` gives the output directly in NHWC order. A 1×1 stride-1
-convolution needs no im2col at all: it is a plain product of the activation matrix.
+With channels last one im2col window row (r, s, c) is one row of the (K, R·S·C) weight matrix,
+so `cols @ w.T` is the output in NHWC order; a 1×1 stride-1 convolution needs no im2col.
+Backward rebuilds cols rather than keeping them. Every pass runs over chunks of images in
+parallel (minidl.parallel) in per-thread work arrays (minidl.workspace); optional per-chunk
+`load` and `store` hooks let the fused ops of minidl.ops.normconv ride along the passes.
 
-Backward: cols are rebuilt rather than kept (they are R·S times the input and would dominate
-memory). Grad-input of a stride-1 convolution is itself a convolution: dy padded by
-R−1−padding, with the kernel flipped and its in/out channels swapped. The im2col of dy it
-builds also gives grad-weight (see `_grads_from_dy_windows`), so a stride-1 layer's backward
-makes one im2col per chunk, not two. Strided convolutions, and those whose kernel outweighs
-dy, use col2im(dy @ w) for grad-input instead, adding each of the R·S window offsets back into
-the input with one strided slice each, and grad-weight = dy.T @ cols.
-
-Every pass runs over chunks of images (minidl.parallel): each chunk's im2col block is
-consumed while still in cache, and the chunks run on all cores. The padded images and the
-im2col block of a chunk live in per-thread work arrays (minidl.workspace), reused every step.
-Where the whole batch is one chunk (the deep layers of an ImageNet ResNet: few pixels, large
-weights), the matrix product is split over column blocks instead, so it still uses all cores.
-
-Two optional per-chunk hooks let a fused op (minidl.ops.normconv) ride along the passes:
-`load(src, dst, first)` writes the convolution's actual input for images first, first + 1, ...
-from `src` into `dst` (both image rows, (images, H, W·C); dst may be the padded work array's
-interior) where the plain pass copies its input, or reads it in place (1×1, stride 1); and
-`store(block, first[, loaded])` sees each chunk's result (y in forward, dL/dx in backward, NHWC)
-while it is in cache, with the loaded input of those images where the pass has it.
+Details: docs/ops.md, "minidl/ops/conv.py".
 """
 from minidl import workspace
 from minidl.backend import BF16, get_array_module

@@ -1,23 +1,12 @@
 """Batch normalization over N·H·W of an NHWC tensor, torch's conventions.
 
-Training: normalize with the batch mean and the biased batch variance; update the running
-statistics in place with momentum, the running variance from the UNBIASED batch variance.
-Evaluation: normalize with the running statistics.
+Training normalizes with the batch statistics and updates the running ones in place (the
+running variance from the UNBIASED batch variance); evaluation uses the running statistics.
+Both reduce to y = x·scale + shift per channel, so x̂ is never materialized; backward folds
+into dx = gy·scale + x·c1 + c0, needing only Σ gy and Σ gy·x. Every pass runs over chunks of
+the (N·H·W, C) matrix in parallel, and the chunks' moments are merged in chunk order.
 
-Both modes reduce to one affine map per channel, y = x·scale + shift, so the forward pass
-never materializes x̂. The backward pass likewise folds into dx = gy·scale + x·c1 + c0 with
-per-channel c1, c0 (derivation in `backward`), needing only two reductions over the batch:
-Σ gy and Σ gy·x.
-
-With channels last an NHWC tensor is an (N·H·W, C) matrix: every pass runs over chunks of
-its rows in parallel (minidl.parallel), and per-channel sums are products with a ones vector.
-The statistics take one pass over memory: each chunk's mean and Σ (x − mean)² come from two
-passes over the chunk while it is in cache (two-pass, safe where |mean| ≫ std), and the
-chunks' moments are merged in chunk order (Chan et al.'s pairwise update).
-
-Few channels make short rows, and NumPy pays per row for a per-channel operand: the matrix
-is viewed as (N·H·W/r, r·C) with rows of about WIDE_ROW elements (`widened`), the
-per-channel vectors repeated r times, and the sums of the r channel groups folded at the end.
+Details: docs/ops.md, "minidl/ops/norm.py".
 """
 import functools
 

@@ -2,25 +2,10 @@
 
 Each piece works on a chunk of whole images while another pass has it in cache; what the chunks
 give is merged in image order afterwards, so results depend on the shapes alone, never on the
-threads. The arithmetic is minidl.ops.norm's (its moments and their merge, normalization,
-running update, gradient sums and coefficients); only the passes it runs in differ.
+threads. The arithmetic is minidl.ops.norm's; only the passes it runs in differ. `Moments`
+gathers a convolution's output statistics, `GroupNorm` is one batch norm over their groups.
 
-Statistics groups: training takes the statistics of each group of `group_size` consecutive
-images (ghost batch norm, minidl.ops.norm.statistics_groups; one group: the whole batch),
-evaluation uses the running statistics (one group, nothing gathered). A chunk may straddle
-groups: every piece splits it at their boundaries.
-
-An NHWC block is handled as image rows, (images, H, W·C) (minidl.ops.conv.image_rows), its
-per-channel vectors tiled W times: long inner loops for NumPy, also in a padded buffer's
-interior, whose rows are not adjacent.
-
-- `Moments` gathers a convolution's output statistics (as its `store`) and merges them into the
-  `stats` array handed to the next op: (groups, 2, C), each group's mean and biased variance.
-- `GroupNorm` is one batch norm over those groups: it finalizes the statistics (the running
-  statistics updated group after group, as GhostBatchNorm does), writes relu(y·scale + shift)
-  (the next convolution's `load`) or y·scale + shift, and in backward records the per-chunk
-  sums Σ g and Σ g·y (`record_sums`, masking g by the ReLU on the way) and then writes dL/dy and
-  returns dγ, dβ (`input_gradient`).
+Details: docs/ops.md, "minidl/ops/norm_groups.py".
 """
 import functools
 

@@ -1,46 +1,13 @@
 """Convolutions fused with the batch norms around them, after NVIDIA's MLPerf ResNet-50
-("normconv" blocks): no pass of its own touches the activations for batch norm. A residual
-chain is three ops:
+("normconv" blocks): no pass of its own touches the activations for batch norm.
 
-    y, stats = conv2d_stats(x, w, stride, padding, training, group_size)
-        the convolution, and per statistics group the mean and biased variance of its output
-        (stats: (groups, 2, K); groups as a batch norm of that `training` and `group_size` takes
-        them, none in evaluation)
-    y2, stats2 = bn_relu_conv2d_stats(y, stats, bn, w, stride, padding)
-        the convolution of relu(bn(y)) and its output's statistics (grouped as bn's); the
-        normalized activation is never written
-    out = bn_add_relu(y, stats, bn, residual=None, residual_stats=None, residual_bn=None)
-        relu(bn(y) + r) with r = 0 (the stem), the residual tensor (an identity shortcut), or
-        residual_bn(residual) with residual_stats (a projection shortcut's conv2d_stats output)
+A residual chain is three ops: `conv2d_stats` (a convolution and its output's per-group
+statistics), `bn_relu_conv2d_stats` (the convolution of relu(bn(y)), which is never written)
+and `bn_add_relu` (relu(bn(y) + r)). `bn` is a `BN`: γ, β, the running statistics, the mode.
+The CPU path (minidl.ops.norm_groups on the hooks of minidl.ops.conv) is the reference for
+minidl.kernels.normconv. Saved for backward: y (never relu(bn(y))) and the statistics.
 
-`bn` is a `BN`: γ, β, the running statistics (updated in place in training exactly as
-minidl.ops.batch_norm updates them, group after group for ghost groups) and the mode and
-constants. A block's input and output stay materialized: the output is the next block's
-shortcut.
-
-CPU (the reference implementation, minidl.ops.norm_groups on the hooks of minidl.ops.conv):
-forward, each GEMM output chunk's moments are taken while it is in cache (merged in image order,
-as norm.py merges its chunks), and the next convolution writes relu(y·scale + shift) where it
-would copy its input: into the padded work array's interior (3×3), or a per-thread work array
-that the GEMM reads (1×1 stride 1; no im2col there). Backward recomputes that input from y in
-the same places: grad-weight's im2col (or the combined pass of a stride-1 convolution, which
-also masks its dL/dz chunk by the recomputed ReLU and takes BN's sums Σ g and Σ g·y while they
-are in cache); one pass then writes dL/dy = g·scale + y·c1 + c0. bn_add_relu is one pass each
-way: the backward masks by its output and takes the sums of both batch norms in that pass.
-Saved for backward: y (never relu(bn(y))), the block's output, the per-group statistics.
-
-Kernels (minidl.kernels.normconv, which says what runs where): the statistics come from the
-convolution's epilogue as float32 (groups, 2, K), merged in a fixed order; `bn_affine` turns a
-batch norm's statistics into each group's scale, shift, mean and 1/std (the running statistics
-updated group after group: (1 − m)·r + m·batch, the variance unbiased by count/(count − 1)); the
-next convolution reads relu(y·scale + shift) as it loads y (zero padding outside the image,
-after the transform). Backward: grad-input masked by y·scale + shift > 0 in its epilogue, which
-also gives Σ g and Σ g·(y − mean) per group and channel; grad-weight reading relu(y·scale +
-shift) as it loads; then dL/dy = g·scale + (y − mean)·k1 + k0. bn_add_relu is relu(y·scale +
-shift + r), r the residual or r_y·r_scale + r_shift; its backward masks by the output. Each
-fused pass is tuned like the plain ones; its v1 plan composes the separate ops' kernels, so
-without a tuner (MINIDL_AUTOTUNE=0) the fused ops compute in float32 exactly what the separate
-ops do (in bf16 a projection's normalized shortcut is added before it is rounded).
+Details: docs/ops.md, "minidl/ops/normconv.py".
 """
 from typing import NamedTuple
 

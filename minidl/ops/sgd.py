@@ -1,21 +1,12 @@
 """The fused SGD-momentum update over the flat buffers (the reference for kernels/sgd.cu).
 
-One call updates the whole model: w, g, u are the flat parameter, gradient and momentum
-buffers, `decay` the per-element weight-decay rate (or None). With d = s·g + λ·w (s =
-grad_scale; weight decay is part of the gradient, Goyal et al.'s remark 1), two forms:
+One call updates the whole model, with the rate outside the velocity (PyTorch) or inside it
+(Caffe2; the velocity is then rescaled by c = η_new/η_old when the rate changes, Goyal et al.'s
+momentum correction). On the CPU it runs over blocks of the buffers in parallel, each block
+through all its passes while in cache; every element sees the same operations in the same
+order as in one whole-buffer pass, so the results are the same bit for bit.
 
-    rate outside (PyTorch, Goyal's eq. 9):   u ← m·u + d;          w ← w − η·u
-                                             (nesterov: w ← w − η·(d + m·u))
-    rate inside (Caffe2, Goyal's eq. 10):    u ← (c·u)·m + η·d;    w ← w − u
-
-In the second form the velocity carries the rate, so when η changes it must be rescaled by
-c = η_new/η_old (Goyal's momentum correction; the optimizer passes c, 1 when η is unchanged).
-With it the two forms take the same steps; without it a rate jump is applied late and wrong.
-
-On the CPU the update runs over blocks of the buffers in parallel (minidl.parallel), each block
-going through all its passes while it is in cache, its temporaries in per-thread work arrays
-(minidl.workspace): one trip through memory instead of one per pass. Every element sees the same operations in the same order as in one whole-buffer pass, so
-the results are the same bit for bit (and the kernel's reference does not change).
+Details: docs/ops.md, "minidl/ops/sgd.py".
 """
 from minidl import kernels, workspace
 from minidl.backend import get_array_module

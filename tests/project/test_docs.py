@@ -1,5 +1,6 @@
 """The docs cannot rot: every `path` and `path:qualname` that docs/walkthrough.md names exists,
-and every relative link in README.md and docs/*.md points at a file of the repository."""
+every relative link in README.md and docs/*.md points at a file of the repository, and every
+`docs/page.md, "Heading"` or `docs/page.md §N` that a module docstring gives is there."""
 import ast
 import re
 from pathlib import Path
@@ -87,3 +88,39 @@ def relative_links(path):
 def test_relative_links_resolve(page):
     missing = [link for link in relative_links(page) if not (page.parent / link).exists()]
     assert missing == []
+
+
+POINTER = re.compile(r'(docs/[\w-]+\.md)(?:,?\s+(?:"([^"]+)"|§(\d+)))?')
+
+
+def module_docstrings():
+    for path in sorted((ROOT / "minidl").rglob("*.py")):
+        yield path.relative_to(ROOT), ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def headings(page):
+    """The page's headings, backticks dropped: "### `minidl/x.py`" gives "minidl/x.py"."""
+    return [line.lstrip("#").strip().replace("`", "") for line in FENCE.sub("", page.read_text()).splitlines()
+            if line.startswith("#")]
+
+
+def pointer_problems(text):
+    found = []
+    for page, title, section in POINTER.findall(text):
+        if not (ROOT / page).exists():
+            found.append(f"{page}: no such page")
+        elif title and title not in headings(ROOT / page):
+            found.append(f'{page}: no heading "{title}"')
+        elif section and not any(h.startswith(f"{section}.") for h in headings(ROOT / page)):
+            found.append(f"{page}: no section {section}")
+    return found
+
+
+def test_docstrings_point_at_pages_and_headings_that_exist():
+    found = [f"{path}: {problem}" for path, doc in module_docstrings() for problem in pointer_problems(doc)]
+    assert found == []
+
+
+@pytest.mark.parametrize("bogus", ['docs/no_such_page.md', 'docs/design.md, "No such heading"', "docs/design.md §99"])
+def test_a_wrong_pointer_is_caught(bogus):
+    assert len(pointer_problems(f"Details: {bogus}.")) == 1
