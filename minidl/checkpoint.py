@@ -1,22 +1,12 @@
 """Checkpoints of a training state: HDF5 files written atomically and checked on load.
 
-A checkpoint holds named arrays and JSON metadata. The HDF5 layout:
+A checkpoint holds named arrays and JSON metadata, with a sha256 checksum over both that
+notices a flipped bit or a half-copied file. The file is built in memory and written
+atomically (fileio.write_bytes_atomic), so a crash never leaves half of one. `CheckpointDir`
+names, prunes and finds the checkpoints of an output directory; `training_state` /
+`restore_training_state` gather and put back what a model and its optimizer carry.
 
-    /arrays/<name>     every array, bit for bit; names may nest ("buffers/layer1.0.bn1.running_mean")
-    /meta              the metadata as UTF-8 JSON bytes (a dataset: attributes cap at 64 KiB)
-    attributes         format = "minidl-checkpoint", version = FORMAT_VERSION, sha256 = the checksum
-
-The checksum is sha256 over, for each array in sorted name order, "name\\0dtype\\0shape\\0"
-and the array's bytes, then the metadata's JSON bytes. h5py notices a truncated file; the
-checksum notices everything else (a flipped bit, a half-copied file).
-
-A file is written whole or not at all: the HDF5 image is built in memory and handed to
-`fileio.write_bytes_atomic` (temporary file in the same folder, fsync, rename), so a crash
-leaves either the previous file or the new one under the final name, never half of one.
-
-`CheckpointDir` names, prunes and finds the checkpoints of one output directory;
-`training_state` / `restore_training_state` gather and put back what a model and its
-optimizer carry from one step to the next.
+Details: docs/training.md, "minidl/checkpoint.py".
 """
 import hashlib
 import io

@@ -1,16 +1,11 @@
 """The training configuration: every setting of a run declared ONCE, in `SETTINGS`.
 
-A `Setting` holds its name (the `Config` field), its command-line flags, help text, type, its
-defaults and its check. From that one list come the `Config` dataclass, the argparse parser
-(minidl.train), the validation, the dataset profiles and the record written to config.json:
-adding a setting is adding one entry.
+One `Setting` per field (flags, help, type, defaults, check) gives the `Config` dataclass, the
+argparse parser, the validation, the dataset profiles and config.json: adding a setting is
+adding one entry. A field left as None comes from the recipe, else the dataset profile, else
+the base defaults; explicit values always win. Validation raises UserError naming the fix.
 
-A field left as None is filled from layers, the first that sets it winning:
-  1. a recipe (`--recipe goyal|sony`): the papers' hyper-parameters;
-  2. the dataset profile: the embedded default (a CIFAR-style ResNet on the embedded dataset,
-     minutes on a laptop CPU) without --data-path, ImageNet's (torchvision's reference) with it;
-  3. the base defaults.
-Explicit values always win. Validation raises UserError naming the problem and the fix.
+Details: docs/training.md, "minidl/config.py".
 """
 import dataclasses
 import json

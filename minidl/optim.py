@@ -1,22 +1,12 @@
-"""Optimizers over ONE flat buffer of parameters and ONE flat buffer of gradients.
+"""Optimizers (SGD, LARS) over ONE flat buffer of parameters and ONE flat buffer of gradients.
 
-At construction every parameter's `.data` and `.grad` are re-pointed to views into two
-contiguous buffers, in the order the parameters are given (registration order), padded to a
-multiple of `align` elements so that any grid of ranks can split them evenly. From then on
-the whole model is one array: the all-reduce sees one buffer, the update is a handful of
-vectorized passes, and nothing is packed or unpacked per step.
+Every parameter's `.data` and `.grad` become views into two contiguous buffers, in
+registration order and padded so any grid of ranks splits them evenly: the all-reduce sees one
+array and the update is a few vectorized passes, with nothing packed per step. Weight decay is
+a per-element vector (biases and norm parameters may get their own rate) and part of the
+gradient; a CUDA-graph step stages its rate in device memory.
 
-Under --amp the flat buffer also keeps a bf16 copy of itself, a second view set (`p.bf16`, as
-`p.grad` is one), which the convolutions read instead of casting every weight at every use.
-
-For a step replayed from a CUDA graph, SGD splits `step()` into a host half that stages the
-rate and its companions in device memory (`stage_step`) and a device half that reads them
-there (`step_from_device`): a replay sees nothing but device memory.
-
-Weight decay is a per-element vector, built once from each parameter's `kind`: biases and
-normalization parameters can get their own rate (`norm_weight_decay`, e.g. 0 as in Goyal et
-al.), everything else gets `weight_decay`. Weight decay is part of the gradient (Goyal's
-remark 1), applied after `grad_scale` (which folds e.g. 1/world_size into the update).
+Details: docs/recipe.md, "minidl/optim.py".
 """
 import numpy
 

@@ -1,19 +1,13 @@
 """Draw a training run's curves to PNG files:  python -m minidl.plot OUTDIR
 
-Reads OUTDIR/metrics.jsonl (one object per epoch: epoch, train_loss, val_loss, val_top1,
-val_top5, lr, global_batch, images_per_sec) and, if present, OUTDIR/steps.jsonl (one object
-every --print-freq steps: iteration, epoch as a fraction of epochs completed, loss, lr,
-global_batch, img_per_s, and the seconds per step spent in data, forward, backward, allreduce
-and optimizer). Writes into OUTDIR, against epochs: loss.png, top1.png, lr.png,
-global_batch.png, throughput.png and, when steps.jsonl has time splits, time_split.png; against
-steps, when steps.jsonl has each rank's compute time (runs of several ranks, rank_compute),
-rank_step_time.png: one line per rank, where a straggler stands out; from OUTDIR/trace.json
-(--trace-steps), if present, timeline.png (minidl.plot_timeline).
-Keys that are absent are left out; a figure with nothing to draw is not written. It prints
-the paths it wrote; bad input gives one line on stderr and exit code 2.
+Reads OUTDIR/metrics.jsonl and, if present, OUTDIR/steps.jsonl and OUTDIR/trace.json
+(--trace-steps); for a step or epoch logged twice (a resumed run) the last line wins.
+Writes into OUTDIR loss.png, top1.png, lr.png, global_batch.png, throughput.png and, when
+their data is there, time_split.png, rank_step_time.png and timeline.png; a figure with
+nothing to draw is not written. Prints the paths it wrote; bad input gives one line on stderr
+and exit code 2.
 
-A resumed run logs again the steps (and epochs) after its checkpoint: for each iteration
-(epoch) the last line wins.
+Details: docs/training.md, "minidl/plot.py".
 """
 import io
 import json

@@ -1,18 +1,11 @@
 """Schedules of the large-minibatch recipe: global batch size and learning rate over training.
 
-Batch-size control (Mikami et al.; Smith et al.): `BatchSchedule` gives the GLOBAL batch from
-each epoch on ("0:8192,30:16384"), or the batch per rank where an entry says so
-("0:16/rank,30:32/rank": the global batch is that times the number of ranks, so one preset
-follows a paper at any scale). Each rank then takes global / world images per step, split into
-`accum_steps` micro-batches when that exceeds the per-rank cap.
+`BatchSchedule` gives the global (or per-rank) batch from each epoch on: batch-size control
+(Mikami et al.). The rate is a function of the fractional epoch, so it changes every
+iteration: the linear scaling rule, gradual or constant warmup, then step, poly, cosine or
+constant decay (Goyal et al.).
 
-Learning rate (Goyal et al.), a function of the fractional epoch t = epoch + step/steps, so
-it changes every iteration:
-- linear scaling rule: the target rate is lr · global_batch(t) / base_batch;
-- warmup over the first W epochs from `warmup_start` (default: the reference lr) to the
-  target: "linear" ramps per iteration (gradual warmup), "constant" holds the start rate;
-- then decay: "step" (×γ at each milestone epoch), "poly" ((1 − progress)^power), "cosine"
-  ((1 + cos(π·progress))/2), or "constant", with progress measured over the epochs after W.
+Details: docs/recipe.md, "minidl/schedule.py".
 """
 import bisect
 import dataclasses

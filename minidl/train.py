@@ -1,15 +1,11 @@
 """Train a ResNet with minidl: the command line (`minidl-train`, `python -m minidl.train`,
 `python train.py`).
 
-    minidl-train                                      # the embedded default: resnet20, minutes on a CPU
-    minidl-train --data-path /data/imagenet --recipe goyal
-    minidl-train --recipe goyal --print-schedule --world-size 256 --dataset-size 1281167
-    mpiexec -n 8 python -m mpi4py -m minidl.train ...  # or: mpiexec -n 8 minidl-train ...
+Every flag is declared once, in minidl.config.SETTINGS; one left out comes from --recipe, else
+the dataset profile, else the base default. `minidl-train` alone trains resnet20 on the
+embedded dataset, minutes on a CPU; `mpiexec -n 8 minidl-train ...` trains on 8 ranks.
 
-Flags follow torchvision's reference trainer where it has one; each is declared once, in
-minidl.config.SETTINGS, with its help and check. A flag left out takes its value from --recipe
-if one is given, else from the dataset profile (the embedded dataset without --data-path,
-ImageNet's with it), else the base default; any flag given explicitly wins.
+Details: docs/training.md, "minidl/train.py".
 """
 import argparse
 import json

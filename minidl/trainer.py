@@ -1,35 +1,13 @@
 """The training loop: data -> model -> loss -> backward -> all-reduce -> optimizer, then evaluation.
 
-`run(config)` trains and returns the summary. The loop only sequences named parts
-(minidl.training): the step (eager, or replayed from a CUDA graph), the evaluator, the run's
-state as checkpoints, the run's outputs, the step timer. An epoch is the step between the hooks
-of the parts triggered around it (minidl.training.parts: watchdog, trace window, progress and
-logging, --checkpoint-every); the epoch's end (metrics, evaluation, its checkpoint, the stop
-decided over all ranks) is `run`'s, since it follows only a complete epoch.
+`run(config)` trains and returns the summary, only sequencing named parts (minidl.training):
+the step (eager or CUDA-graph), the evaluator, checkpoints, outputs, the step timer, and the
+hooks triggered around each step (minidl.training.parts). The epoch's end (metrics,
+evaluation, its checkpoint, the stop decided over all ranks) stays in `run`, not in a part,
+since it follows only a complete epoch. A run is a pure function of its configuration and its
+checkpoint, so a resumed run continues exactly where the checkpoint was taken.
 
-One optimizer step consumes the epoch's global batch: each rank takes `accum_steps`
-micro-batches of its share of one global permutation (Goyal et al., remark 4), their gradients
-summed in the flat buffer, then the ranks SUM their buffers (overlapped with the last
-backward). The loss is a mean over each micro-batch, so the optimizer's
-grad_scale = 1 / (ranks × accum_steps) turns that sum into the mean over the global batch
-(remark 3) without a pass over the gradients.
-
-A run is a pure function of its configuration and its checkpoint: data order and
-augmentation come from (seed, epoch, index), so a resumed run — mid-epoch included —
-continues exactly where the checkpoint was taken (bit for bit on CPU with the same world size;
-on another, with the same global batch and the rest of the same data, minidl.training.state).
-SIGTERM/SIGINT finish the current step, write a checkpoint and return; a non-finite loss
-saves a diagnostic checkpoint beside the regular ones and stops with an error.
-With several ranks, every wait for the others has the watchdog's deadline
-(--collective-timeout, minidl.distributed.watchdog: the loop tells it the step and what this
-rank is doing), and each step's per-rank compute times ride on the step's decision collective
-into the straggler statistics (minidl.training.stragglers) of steps.jsonl and metrics.jsonl.
-
-GPU only: `--amp` computes the activations in bf16 (minidl.amp); with `--cuda-graph` a
-single-process SGD run replays each step from a CUDA graph, its loss checked every
---print-freq steps and at the epoch's end, so a non-finite loss stops the run at the next such
-check, with the state after it in the diagnostic checkpoint. Runs that cannot be captured
-(several processes, LARS, micro-batch accumulation) step eagerly and say so.
+Details: docs/training.md, "minidl/trainer.py".
 """
 import dataclasses
 import math

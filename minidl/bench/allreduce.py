@@ -1,15 +1,11 @@
 """`mpiexec -n N python -m minidl.bench allreduce`: the all-reduce algorithms against MPI's own.
 
-For each buffer size, every algorithm is checked against the closed-form sum first, then
-timed: a barrier, one call, the slowest rank's time; the median of `--repeat` calls after a
-warm-up, the algorithms taking turns. Reported per algorithm: time, algorithm bandwidth (buffer bytes / time), bus
-bandwidth (× 2(p−1)/p, the bytes each rank's links really carry in a ring), and the ratio of
-MPI's native all-reduce time on the same buffer in the same run (> 1: faster than native).
+Each algorithm is checked against the closed-form sum, then timed per buffer size (median of
+`--repeat` calls, the slowest rank's time) and reported as time, algorithm and bus bandwidth,
+and its ratio to MPI's native all-reduce. `--model` prints the alpha–beta cost model's
+predictions and grid choices for ResNet-50 on the Sony runs' GPU counts, without MPI.
 
-`--model` prints the alpha–beta cost model's predictions (minidl/distributed/costmodel.py) for
-ResNet-50's gradient on the GPU counts of the Sony runs, and the torus grid a training run
-would choose there (minidl/distributed/grid.py), and needs no MPI;
-`--model --calibrate FILE` also fits the model to a `--json` file of this benchmark.
+Details: docs/distributed.md, "minidl/bench/allreduce.py".
 """
 import argparse
 import json

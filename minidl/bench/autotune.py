@@ -1,15 +1,11 @@
 """`python -m minidl.bench autotune`: every plan of every ResNet-50 convolution, timed on the GPU.
 
-For each distinct convolution of ResNet-50 at each batch size and each pass (or, with `--shapes
-small`, a few small convolutions), the autotuner of minidl.kernels validates the v2 kernels
-(the canary, once per device and source hash), then checks every candidate plan (the v1 kernel,
-each validated v2 tile and split that fits) against v1 on random inputs, times it and keeps the
-fastest, as a training run's first step would. Each row names every candidate with its status,
-time and error vs v1; the table gives the v1 time, the best v2 time, their ratio and the choice.
-The JSON file is written after every row, so a run cut short keeps its rows. The choices land in
-the tuner's cache (MINIDL_CACHE/autotune/...), so a run or benchmark after this one starts tuned.
-With an emulated device (MINIDL_DEVICE_KERNELS) the same code runs on NumPy (its times say
-nothing of a GPU).
+For each ResNet-50 convolution, batch size and pass, the autotuner of minidl.kernels validates
+the v2 kernels (the canary), checks and times every candidate plan against v1 and keeps the
+fastest, as a training run's first step would; each row gives the v1 time, the best v2 time,
+their ratio and the choice, and the choices land in the tuner's cache.
+
+Details: docs/kernels.md, "minidl/bench/autotune.py".
 """
 import argparse
 import json

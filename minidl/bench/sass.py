@@ -1,26 +1,12 @@
 """`python -m minidl.bench sass [--json FILE] [FAMILY ...]`: tensor-core kernel quality read from
 the machine code (SASS), without a GPU.
 
-Every kernels/*.cu family with tensor-core kernels (or the FAMILY names given) is compiled for
-sm_90 by nvcc (minidl.bench._nvcc) and disassembled by nvdisasm, from the pip wheel
-nvidia-cuda-nvdisasm. Per kernel the MAIN LOOP is the innermost loop (a backward branch and
-its target) whose body holds both MMAs (HMMA) and global -> shared asynchronous copies
-(LDGSTS): the k-tile loop. A loop nested inside it counts once (its instructions appear once in
-the body), so the counts are those of the code, not of a run. Per kernel:
+Each tensor-core family of kernels/*.cu is compiled for sm_90 and disassembled by nvdisasm; per
+kernel its main loop (the innermost loop holding both HMMA and LDGSTS) is counted: instructions
+per MMA, LDSM, LDGSTS, generic memory, MOVM, integer divisions, local memory, registers, spills.
+docs/design.md §3 says what good looks like; `audit(path, names, options)` audits any source.
 
-  loop_instructions, loop_mma, instructions_per_mma   the loop's size against its tensor-core work
-  loop_ldsm       fragment loads by ldmatrix (LDSM)
-  loop_ldgsts     async copies, and how many of them move 16 bytes (.128)
-  loop_generic_memory   generic LD/ST (no state space: WMMA fragment loads compile to these)
-  loop_movm       register transposes (MOVM: what WMMA's column-major fragments cost)
-  integer_divisions     I2F -> MUFU.RCP -> F2I sequences in the whole kernel (a / or % by a
-                        value the compiler cannot see)
-  local_loads_stores, local_memory_bytes   LDL/STL in the whole kernel, stack frame (ptxas)
-  registers, spill_bytes                   from ptxas -v (spill stores + loads)
-
-docs/design.md §3 says what good looks like: few instructions per MMA, fragments through LDSM, no
-generic LD/ST in the loop, 16-byte LDGSTS, no local memory. The kernel loader, or anyone, can
-audit any source through `audit(path, names, options)`.
+Details: docs/kernels.md, "minidl/bench/sass.py".
 """
 import argparse
 import glob

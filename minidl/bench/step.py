@@ -1,20 +1,13 @@
 """`python -m minidl.bench step`: one full training step (forward, loss, backward, optimizer)
 of minidl against the same step in PyTorch, measured in the same run.
 
-Both frameworks get the same model (PyTorch's is the plain-torch twin in torch_resnet.py),
-batch, input size and thread count; their steps alternate so that both see the same machine
-state, and the medians after warm-up are compared as img/s. Peak memory is measured in a
-fresh subprocess per framework (peak RSS above the RSS after imports on CPU; the memory-pool
-high-water mark on GPU, the CUDA graph's private pool included), after the times are reported
-(`--json`: a line, or the file, with the times first). On GPU PyTorch runs eager with
-cuDNN, channels_last and bf16 autocast; minidl runs in fp32 unless `--amp` (bf16 activations,
-the like-for-like comparison), and `--cuda-graph` replays its whole step from a CUDA graph. With
-either flag minidl's step is the trainer's device step (minidl.training.device_step: a uint8 batch
-normalized on the device, the loss kept there).
-`--profile` adds where minidl's step time goes, per operation. `--trace` also times minidl's
-step while the --trace-steps recorder (minidl.training.recorder) records every module's forward
-and every Function's backward, alternating with the untraced step (its hooks unset, as in every
-run without --trace-steps): what tracing costs.
+Same model, batch, input size and threads; the steps alternate, and the medians after warm-up
+are compared as img/s, then each framework's peak memory in a fresh subprocess. On GPU
+PyTorch runs eager with cuDNN, channels_last and bf16 autocast; minidl in fp32 unless --amp,
+and --cuda-graph replays its step. --profile splits minidl's time per operation; --trace
+measures what --trace-steps tracing costs.
+
+Details: docs/training.md, "minidl/bench/step.py".
 """
 import argparse
 import json

@@ -1,28 +1,11 @@
 """All-reduce algorithms: `AllReduce(comm, algorithm, shape)(buffer)` leaves the SUM in place.
 
-- ring: one native all-reduce over all ranks (MPI's or NCCL's own algorithm);
-- hierarchical: reduce-scatter within the node, all-reduce across nodes on the node's 1/L
-  shard (L ranks per node), all-gather within the node;
-- torus2d (Mikami et al. 2018): ranks in a logical X×Y grid, rank r at column r % X of row
-  r // X; reduce-scatter along the row (X ranks), all-reduce along the column (Y ranks) on
-  the 1/X shard, all-gather along the row: 2(X−1) + 2(Y−1) latency steps instead of the
-  ring's 2(XY−1), with the same bytes per rank.
+ring is one native all-reduce; hierarchical (node, then across nodes) and torus2d (Mikami et
+al. 2018: rows, then columns of an X×Y grid, fewer latency steps than the ring for the same
+bytes) are one two-level scheme written once. A `Plan` is one all-reduce of one buffer, stage
+by stage, so that the gradient reducer can overlap it with backward.
 
-hierarchical is the same two-level scheme with the node as the row, so both are written once
-(`inner`, `outer`). A level of one rank is skipped. The buffer must split evenly among the
-row, so a length that does not divide is padded in a scratch buffer (never truncated): a flat
-buffer whose length is a multiple of `alignment` avoids that copy. Sub-communicators and
-scratch buffers are made once and reused. Each stage runs on a private duplicate of its group
-(the all-gather on another one than the reduce-scatter), so bucketed reductions in flight at
-different stages never mix up their messages: MPI matches the collectives on a communicator
-by their order alone.
-
-A `Plan` is one all-reduce of one buffer, stage by stage: `run()` blocks; the gradient
-reducer steps it instead (`begin`, `ready`, `advance`, `finish`) to overlap it with backward.
-Each `Stage` names the group it runs on: "world" (ring), "row" and "column" (torus2d),
-"node" and "nodes" (hierarchical: within the node, across the nodes). A plan's `on_stage`
-(None by default) is called as on_stage(index, moment) while it is stepped: "start" just
-before stage `index` is issued, "issued" just after, "done" when it is first seen complete.
+Details: docs/distributed.md, "minidl/distributed/allreduce.py".
 """
 from typing import NamedTuple
 

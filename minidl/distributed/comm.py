@@ -1,25 +1,12 @@
 """`Communicator`: a group of ranks, where they sit (nodes), and collectives on xp arrays.
 
-It wraps an mpi4py communicator (MPI.COMM_WORLD for the world) and adds:
+It wraps an mpi4py communicator and adds node grouping (`local_rank` selects the GPU), SUM
+collectives on contiguous arrays, blocking or not, and on a few numbers and Python objects,
+deadlines when the watchdog is armed, the choice of transport (MPI or NCCL), and `split` /
+`dup`. With one rank it needs no MPI and every collective is an identity, so single-process
+code runs the same calls; otherwise every rank of the group calls collectives in the same order.
 
-- node grouping: ranks that share a node (MPI's COMM_TYPE_SHARED), or blocks of
-  `MINIDL_RANKS_PER_NODE` consecutive ranks, which lets one machine pose as several nodes
-  in tests; `local_rank` is the rank within the node (it selects the GPU);
-- collectives on contiguous arrays, SUM where they reduce: `allreduce` (in place), `reduce_scatter`,
-  `allgather`, `bcast`, and `start(op, src, dst)`, the same operations without blocking; a few
-  numbers (`sum`, `allgather_values`) and Python objects (`allgather_object`, `gather_object`);
-- with the watchdog armed (minidl.distributed.watchdog), every wait has its deadline: blocking
-  calls become non-blocking ones waited for within it, objects travel as pickled bytes;
-- the transport: NumPy arrays always travel over MPI; CuPy arrays over NCCL with
-  backend="nccl", else over MPI (directly when MPI is CUDA-aware, else staged through host);
-- `split` and `dup`, which give sub-communicators with the same backend (with NCCL, each
-  group gets its own NCCL communicator; a dup shares its group's).
-
-A communicator of one rank needs no MPI: every collective is then an identity (a copy where
-source and destination differ), so single-process code runs the same calls.
-
-Collectives (`split` and the creation of `node_comm` / `cross_node_comm` included) must be
-called by every rank of the group in the same order; the MPI standard demands it.
+Details: docs/distributed.md, "minidl/distributed/comm.py".
 """
 import functools
 import os

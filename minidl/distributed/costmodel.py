@@ -1,28 +1,12 @@
 """An alpha–beta model of all-reduce time: how ring, recursive halving–doubling, hierarchical
 and 2D-torus all-reduce scale to thousands of GPUs.
 
-Every algorithm is a sequence of phases; a phase is `steps` rounds in which each rank sends
-one message of `chunk` bytes to a partner, and a round costs α + chunk / bandwidth, with α
-the per-message latency and the bandwidth that of the link the message crosses:
+Each algorithm is a sequence of phases of rounds, a round costing the per-message latency α plus
+its message over the link it crosses (NVLink within a node; the node's shared network adapters
+across nodes). The defaults describe ABCI, where the Sony runs took place (Mikami et al. 2018);
+`calibrate` fits α and the bandwidth of one machine from benchmark measurements instead.
 
-- within a node every GPU has its own link (NVLink): `intra_bandwidth` each;
-- leaving the node, all messages that cross the node boundary in a round share the node's
-  network adapters, `node_bandwidth` in all.
-
-A ring over `size` ranks of which `per_node` sit on each node (consecutive in the ring)
-crosses each node boundary once, and g / per_node such rings run side by side on a node of g
-GPUs, so each ring gets node_bandwidth · per_node / g across nodes (never more than the
-NVLink it also uses); a ring inside one node gets intra_bandwidth. A ring all-reduce of n
-bytes over p ranks is 2(p−1) rounds of n/p bytes: a reduce-scatter, then an all-gather.
-
-Ranks are numbered node by node; the torus row of rank r is r // X, its column r % X, so a
-row of X ≤ g ranks lies inside one node. Latency steps: ring 2(p−1); halving–doubling
-2·log2(p) (+2 where p is not a power of two); 2D torus 2(X−1) + 2(Y−1).
-
-Defaults describe ABCI, where the Sony runs took place (Mikami et al. 2018): 4 V100 per node
-joined by NVLink 2.0 (2 links, 50 GB/s, between each pair), 2 InfiniBand EDR adapters per node
-(2 × 12.5 GB/s); α = 5 µs per message. `calibrate` fits α and the bandwidth of one machine
-from benchmark measurements of the native all-reduce instead.
+Details: docs/distributed.md, "minidl/distributed/costmodel.py".
 """
 import math
 from dataclasses import dataclass, replace

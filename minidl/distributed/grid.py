@@ -1,14 +1,10 @@
 """Which X×Y grid the 2D-torus all-reduce arranges the ranks in (rank r at column r % X of row r // X).
 
-`--torus-shape XxY` names the grid. Without it, a run takes the grid that the alpha–beta cost
-model (minidl.distributed.costmodel, on its ABCI-like links) predicts fastest for reducing the
-gradient in the run's buckets (one all-reduce per bucket: each pays the latency steps) on the
-job's layout: its ranks per node (the node communicator's size; MINIDL_RANKS_PER_NODE
-simulates nodes) and its number of nodes. The
-candidates are the grids whose rows line up with the nodes (X divides the ranks per node or is
-a multiple of it), the ones the model describes. Times within a billionth of each other tie;
-a tie goes to fewer latency steps, then to the larger X (rows hold the first and last stage).
-The choice is a function of those numbers only, so every rank makes the same one.
+`--torus-shape XxY` names the grid; without it a run takes the grid whose rows line up with the
+nodes that the alpha–beta cost model predicts fastest for the run's gradient, buckets and
+layout. The choice is a function of those numbers only, so every rank makes the same one.
+
+Details: docs/distributed.md, "minidl/distributed/grid.py".
 """
 import dataclasses
 import math

@@ -1,14 +1,10 @@
 """Collectives over MPI (mpi4py) on NumPy arrays, and on CuPy arrays one of two ways.
 
-A CUDA-aware MPI reads and writes device memory itself: it gets the CuPy array (after the
-current stream is synchronized, since MPI knows nothing of streams). Otherwise the data is
-staged: copied to host memory, reduced there, copied back. CUDA-awareness is asked of the MPI
-library (MPIX_Query_cuda_support, which MPICH and Open MPI export); MINIDL_CUDA_AWARE_MPI=1|0
-overrides the answer.
+A CUDA-aware MPI gets the CuPy array itself; otherwise the data is staged through host memory
+(`MINIDL_CUDA_AWARE_MPI=1|0` overrides the detection). Blocking calls use MPI's tuned blocking
+collectives, `start` the non-blocking ones, whose waits the watchdog can put a deadline on.
 
-Blocking calls use MPI's blocking collectives (its tuned algorithms); `start` uses the
-non-blocking ones (MPI-3), which progress whenever the process enters MPI (`test`, `wait`);
-with the watchdog armed (minidl.distributed.watchdog), `wait` tests against its deadline.
+Details: docs/distributed.md, "minidl/distributed/mpi_transport.py".
 """
 import ctypes
 import functools

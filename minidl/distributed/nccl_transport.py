@@ -1,20 +1,11 @@
 """Collectives over NCCL (cupy.cuda.nccl) on CuPy arrays: one NCCL communicator per group.
 
-Creation: the group's rank 0 makes a unique id, MPI broadcasts it, and every member calls
-ncclCommInitRank with it, which blocks until the whole group has joined. The process's GPU
-must be selected before (the world Communicator does that), since an NCCL communicator is
-bound to the current device.
+All groups of one process share one communication stream that first waits for the compute
+stream, so collectives read finished gradients and run in the order they were started without
+host synchronization while backward goes on. With the watchdog armed the host polls each
+collective against its deadline and can abort every NCCL communicator (never run on a GPU).
 
-Ordering: all groups of one process share ONE communication stream. A collective first makes
-that stream wait for the work queued so far on the current (compute) stream, so it reads
-finished gradients; the collectives queued on the shared stream then run in the order they
-were started, which keeps a chain such as reduce-scatter -> all-reduce -> all-gather in order
-without host synchronization, and lets backward continue on the compute stream meanwhile.
-`wait()` makes the compute stream wait for the collective; the host never blocks, except with
-the watchdog armed (minidl.distributed.watchdog): then the host polls the collective's event
-against the deadline first, and `abort_nccl()` aborts every NCCL communicator of the process
-(ncclCommAbort) before the job ends, so no kernel is left waiting for a stopped peer. The
-watchdog's part of this file has never run on a GPU.
+Details: docs/distributed.md, "minidl/distributed/nccl_transport.py".
 """
 from minidl.distributed import watchdog
 

@@ -1,27 +1,11 @@
 """`GradientReducer`: the all-reduce of the optimizer's flat gradient buffer, overlapped with backward.
 
-The flat buffer is cut into buckets of about `bucket_mb` MiB (boundaries at multiples of the
-all-reduce's alignment). Backward produces gradients roughly in reverse registration
-order, so buckets are launched from the end of the buffer to its start. A bucket is launched
-as soon as every parameter that overlaps it has its FINAL gradient: `backward(loss)` first
-counts, in the recorded graph, how many gradient contributions each parameter will receive
-(a parameter used twice receives two), and a hook on each parameter (`Tensor.grad_hook`)
-counts them down as backward delivers them (a contribution that never comes, a None
-gradient, leaves its bucket to `wait()`). Buckets launch strictly in order, and each
-bucket's next stage starts only after the previous bucket has started that stage, so every
-rank issues the same collectives in the same order on each communicator, whatever the timing.
+The flat buffer is cut into buckets, launched from its end to its start (backward's order), each
+as soon as every parameter that overlaps it has its final gradient (counted down by a hook on
+each parameter). Buckets and their stages start in the same order on every rank whatever the
+timing, and the result is bit for bit that of launching every bucket after backward.
 
-`launched_at` is the host time (time.perf_counter) the current or last reduction launched its
-first bucket. `on_final` (None by default) is called as on_final(k) once per reduction, when
-bucket k's gradients have become final; each plan's `on_stage` tells of its stages
-(minidl.distributed.allreduce). Running stages are tested at every gradient delivered, the
-last stage of a bucket too: a test lets MPI progress the collective and tells when it is done.
-
-Without `backward(loss)` (plain `loss.backward()`), `wait()` launches every bucket after the
-fact: the same collectives on the same data, so the overlapped and the non-overlapped paths
-give bit-identical results. (Against ONE all-reduce of the whole buffer, bucketing changes
-only how the MPI/NCCL library may group the additions of more than two ranks: equal up to
-float rounding, bit for bit with two ranks.)
+Details: docs/distributed.md, "minidl/distributed/reducer.py".
 """
 import functools
 import time

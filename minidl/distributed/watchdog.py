@@ -1,38 +1,12 @@
 """A deadline on every wait for other ranks, and a heartbeat that tells who is where.
 
-Once `arm()`ed (a run of several ranks), every wait a rank makes on the others — each stage of a
-bucket's all-reduce, the loop's collective decisions, evaluation's sums, the checkpoint's gather
-— is a non-blocking request tested in a loop: tested without pause for SPIN_SECONDS, as MPI's
-own blocking wait would (a collective whose ranks are all there completes within it, at the
-speed of a blocking one: each test lets MPI progress it), then with naps between tests (50 µs,
-doubling up to 1 ms), so that a rank left waiting for a slow one gives the CPU to the ranks that
-compute instead of spinning. A wait longer than `warning` seconds makes rank 0 print ONE line
-naming the ranks it waits for and what each was last seen doing; one longer than `timeout`
-seconds ends the job (MPI_Abort, exit code 1, which also ends a stopped rank) with one line
-naming the stalled ranks, their host and PID, the step and the operation. Rank 0 aborts first;
-the other ranks' deadline is GRACE_SECONDS later, so the line comes from the rank that hears
-everyone, unless rank 0 itself is the one that stalled.
+Once armed (several ranks), every wait on the others is a non-blocking request tested against
+a deadline: past `warning` seconds rank 0 names whom it waits for, past `timeout` the job aborts
+with one line naming the stalled ranks. A heartbeat thread on each rank tells rank 0 its step
+and activity, so a stopped rank falls silent while a busy one keeps beating. With one rank
+every call here is a no-op.
 
-Who is where: each rank has a heartbeat THREAD that sends (step, activity, whether it waits) to
-rank 0 (and rank 0 to rank 1, its deputy) over a private duplicate of the world communicator:
-every TICK_SECONDS if they changed, else every HEARTBEAT_SECONDS (at most 20 small messages a
-second per rank; what a stopped rank was doing is known to within a tick). The main thread only
-writes two attributes when its activity changes (`at_step`, `doing`): nothing on the step's path
-sends or waits. A thread, not the main loop, so that a rank that is busy (a long backward) keeps
-beating while a STOPPED one (SIGSTOP, a hung host: all its threads stop) falls silent; MPI
-messages, not files under the run directory, so no shared file system is assumed, and a small
-eager send completes without the receiver. A rank not heard from for SILENT_SECONDS is called
-stopped; one heard from but not waiting where the waiting rank waits is alive but elsewhere
-(slow, or in another collective). The thread needs MPI_THREAD_MULTIPLE (mpi4py asks for it);
-without it the deadlines hold but no rank can be told apart, and the lines say so. Its cost
-(measured, docs/distributed.md "Checkpoints, preemption and faults"): the thread's 2.4 ms of CPU a second on
-rank 0, polled waits as fast as blocking ones, about 0.3% of the default model's step.
-
-On the GPU (NCCL) a collective's wait polls its CUDA event against the same deadline, and the
-abort first aborts every NCCL communicator (ncclCommAbort), so no kernel is left waiting on a
-peer: written, never run (no GPU here).
-
-With one rank nothing is armed and every call here is a no-op.
+Details: docs/distributed.md, "minidl/distributed/watchdog.py".
 """
 import atexit
 import sys

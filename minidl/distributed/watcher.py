@@ -1,16 +1,11 @@
 """Naming a rank that dies without a word (killed by the OOM killer, a segfault, `kill -9`).
 
-Such a rank runs no Python on its way out, and MPICH's launcher then ends the job reporting
-some PID, not necessarily the dead one's. So every rank of a multi-rank job forks a tiny
-watcher process at start that blocks reading a pipe from its rank: when the rank exits
-normally (or aborts the job itself, with its own message) it first writes one byte; when it
-dies, the pipe just closes, and the watcher writes
-    minidl: rank R of N (pid P on HOST) died without finishing: killed or crashed
-to stderr. The first such line names the rank that failed; the launcher then kills the
-others, and their watchers may follow with lines of their own.
+Such a rank runs no Python on its way out, and the launcher may report some other PID. So every
+rank of a multi-rank job forks a tiny watcher process that blocks reading a pipe from its rank:
+a rank that exits writes one byte first; when the pipe just closes, the watcher names the dead
+rank on stderr. It touches neither MPI nor CUDA, so it is safe to fork after either.
 
-The watcher only reads a pipe and writes one line: safe to fork from a process with threads
-and an initialized MPI or CUDA, which it never touches.
+Details: docs/distributed.md, "minidl/distributed/watcher.py".
 """
 import atexit
 import os

@@ -1,24 +1,12 @@
 """The CUDA kernels of kernels/*.cu from Python, and the rule that decides when they run.
 
-One launcher module per kernel family, named like its source (`conv.py` ↔ kernels/conv.cu):
-its kernel names, the constants it shares with the source (passed to the compiler, never
-written twice), launch geometry, tile choice and workspaces. `loader` finds and compiles the
-sources. `Kernels(load, multiprocessors)` is every family's launch methods in one object; on a
-GPU `device()` is the one for the current GPU, and tests/kernels builds one over a CPU emulator
-of the same sources, so every line of the launchers also runs in CI, on NumPy arrays.
-MINIDL_DEVICE_KERNELS=module:function puts such kernels in the GPU's place for a whole process
-(and its canary children): `device()` and `serving` then use what that function returns,
-(Kernels, array type) — the GPU check's dry run on the CPU emulator.
+One launcher module per kernel family, named like its source (`conv.py` ↔ kernels/conv.cu),
+holds its kernel names, shared constants, launch geometry and tiles; `Kernels` gathers every
+family's launch methods, `device()` for the current GPU, `tuner_for` a device's autotuner.
+Which implementation a call runs is decided in ONE place, `serving(*arrays)`: the kernels
+for their array type (CuPy on a GPU) in float32 or bf16, else the reference ops of minidl.ops.
 
-`tuner_for(device, cuda_version, timer)` is a device's autotuner (None where MINIDL_AUTOTUNE=0):
-its cache under MINIDL_CACHE, its validation the canary (minidl.kernels.canary); where
-MINIDL_CANARY=0, neither: no v2 plan is validated, so only v1 runs.
-
-Which implementation an operation runs is decided in ONE place, `serving(*arrays)`: the
-kernels in use serve arrays of their array type (CuPy on a GPU) holding float32 or bf16
-(BF16 bits); anything else (NumPy arrays, float64, no GPU, MINIDL_KERNELS=0) runs the
-reference implementation of minidl.ops. `use(kernels, array_type)` puts other kernels in
-charge for a while (the emulator takes NumPy arrays).
+Details: docs/kernels.md, "minidl/kernels/__init__.py".
 """
 import contextlib
 import dataclasses

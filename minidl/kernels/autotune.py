@@ -3,37 +3,11 @@ kernel plan and keeps the fastest. The v1 kernels are always candidates, and a v
 only after it was validated on this device and these sources, so a kernel written without a GPU
 can neither make a user slower nor give a wrong result.
 
-`Autotuner(timer, cache_path, ...).choose(key, plans, run, kind, tolerance, outputs)` returns the plan for
-`key`: from memory, else from the JSON cache of this device, CUDA version and source hash (the
-same cache gives the same choices, hence the same bits), else by running `run(plan)` for each
-usable plan of `plans()` (called only for a key not in memory; the key names everything the
-plans depend on). `run(plan)` is the call, timed alone; `outputs(result)` (default: the result
-itself) are the arrays of its result compared with the v1 plan's of the same call (work that is
-not timed); `timer(function)` gives the seconds of one call (`windowed_timer`).
+`Autotuner.choose` answers from memory, else from the JSON cache of this device, CUDA version
+and source hash, else by timing every usable plan against v1; plans that fail or disagree are
+recorded and never run again. MINIDL_AUTOTUNE=0 turns it off: the v1 kernel runs.
 
-Validation, before the first choice of a process (`validated()`): the `validate` hook (the
-canary, minidl.kernels.canary) runs, in child processes that a sticky fault may kill, every v2
-kernel the cache has no status for, and records each as ok, failed (with the error) or mismatch
-(with its error vs v1). While a key is tuned, a plan that raises or disagrees with v1 is recorded
-the same way. A plan recorded failed or mismatch is never run again on this device and source
-hash; the run goes on with the others. Agreement between v1 and a plan, for one call:
-
-    max |plan − v1| <= TOLERANCE[dtype] · max |v1|   (per output array)
-
-Each of them is within tests/kernels/oracle.py's TOLERANCE of the float64 result (bf16 1.5e-2,
-tf32 5e-3 of the largest value), so two correct plans differ by at most twice that; a wrong
-index, a missed tile edge or garbage gives an error of the order of the values themselves.
-
-Many processes, one decision: an `agreement` (default `ALONE`; minidl.training.build gives one
-over the ranks) says whether this process validates for its node (`leads_node`), combines the
-failed plans of every process (`union`: failed anywhere, failed everywhere) and lets one process
-decide each key for all (`decide(function) -> label`).
-
-Tuning cannot run while a CUDA graph is being captured (`capturing()`): the graphed step's eager
-warm-up calls come first and meet every shape (minidl.training.graph); a key first met during a
-capture takes the first plan, the v1 kernel, untimed. `report()` says what was validated and
-tuned, every candidate's status, time and error vs v1, and every choice in use.
-MINIDL_AUTOTUNE=0 turns the tuner off: then the first plan, the v1 kernel, runs.
+Details: docs/kernels.md, "minidl/kernels/autotune.py".
 """
 import contextlib
 import dataclasses

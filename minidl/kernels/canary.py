@@ -1,30 +1,12 @@
 """The canary: every v2 convolution kernel run once against v1, in child processes, before the
 autotuner may use it on this device and these sources (minidl.kernels.autotune).
 
-A kernel that reads out of bounds on a GPU may raise an illegal address, which loses the CUDA
-context for good: no later call of that process works, so catching the exception is not enough.
-So `validator()` gives the tuner a driver that runs the plans in a child process
-(`python -m minidl.kernels.canary --child PROGRESS NAME...`). The child writes a line to PROGRESS
-before each plan and one after it (ok, mismatch with its error vs v1, failed with the error
-text); when the child dies, the driver records the plan it was running as failed (with the exit
-status or signal and the child's last line of stderr) and starts a new child for the plans left.
+Child processes, because an illegal address on a GPU loses the CUDA context for good: when a
+child dies, the plan it was running is recorded failed and a new child runs the rest. The plans
+(`PLANS`) cover each pass, data type, v2 tile and batch-norm fusion, unsplit and split, at small
+shapes that end inside every tile. `python -m minidl.kernels.canary --json FILE` validates alone.
 
-The plans (`PLANS`): each pass (forward, grad-input, grad-weight) × data type (bf16, TF32) ×
-v2 tile × fusion of the batch norm (minidl.kernels.conv_v2.FUSIONS), unsplit and split (where
-the fusion allows split-K), at small shapes that end inside every tile (SHAPES), in statistics
-groups of one image. 1×1 filters with padding keep them cheap on the CPU emulator (a second per
-plan) and still meet the padding masks and the tile edges; the 3×3 taps' address arithmetic is
-the emulator tests' (tests/kernels/test_emulated_conv_v2.py): what only hardware can tell —
-alignment, shared-memory limits, the launch itself — does not depend on the filter. Agreement:
-autotune.TOLERANCE, as for the tuner's own comparison.
-
-    python -m minidl.kernels.canary --json FILE [--plan-timeout SECONDS]
-
-validates for this device (MINIDL_DEVICE_KERNELS's, else the GPU's), each plan in at most
-SECONDS (PLAN_TIMEOUT), reusing what the tuner's cache already holds for this source hash, prints
-a line per plan and a last one, and writes FILE after every plan: {device, source_hash, seconds,
-plans: [{plan, pass, dtype, status, error, max_error, seconds}], counts: {ok, failed, mismatch}}.
-Exit status 0 when every plan is ok, 1 when one failed or mismatched, 2 on a usage error.
+Details: docs/kernels.md, "minidl/kernels/canary.py".
 """
 import json
 import math

@@ -1,15 +1,11 @@
 """Launcher of kernels/conv.cu: implicit-GEMM convolution, forward, grad-input, grad-weight.
 
-Conventions: NHWC activations, KRSC weights, contiguous arrays. float32 data runs on TF32
-tensor cores when `allow_tf32` (the default, as in cuDNN; MINIDL_TF32=0 turns it off) and the
-channel counts allow, else on the exact fp32 path; bf16 data (BF16 bits, with a bf16 weight)
-runs on bf16 tensor cores. Grad-weight comes out float32 for either.
+NHWC activations, KRSC weights; float32 runs on TF32 tensor cores where allowed and the
+channels fit, else in exact fp32; bf16 on bf16 tensor cores. A tile configuration (`ConvTile`)
+is written once, here, and reaches conv.cu as template arguments, so the grid and the kernel's
+tile cannot disagree.
 
-A tile configuration is written once, here (`ConvTile`): its sizes reach conv.cu as the
-template arguments of the kernel names, so the grid computed here and the tile the kernel
-works on cannot disagree. The dynamic shared memory a tile takes is computed here too and
-passed along as the last template argument, which conv.cu checks against its own layout at
-compile time.
+Details: docs/kernels.md, "minidl/kernels/conv.py".
 """
 import numpy
 

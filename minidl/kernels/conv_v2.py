@@ -1,16 +1,11 @@
 """Launcher of kernels/conv_v2.cu: the convolution passes on mma.sync, ldmatrix, swizzled shared
 memory and a cp.async pipeline (the opening comment of the .cu explains them).
 
-A `V2Tile` is written once, here: its sizes reach conv_v2.cu as the template arguments of the
-kernel names, with the dynamic shared memory the launch gives (checked there at compile
-time). `fits` says which passes and shapes a tile serves; `launch` runs one pass with a given
-split of the reduction (split-K writes fp32 partial results that splitk_reduce_v2 sums in a
-fixed order). Which tile and split a shape gets is decided in minidl.kernels.conv (the
-autotuner, or the fixed choice).
+A `V2Tile` is written once, here, and reaches conv_v2.cu as template arguments; `launch` runs
+one pass with a given split of the reduction, optionally with batch-norm work (a `Fusion`).
+Which tile and split a shape gets is decided in minidl.kernels.conv.
 
-A pass may also do batch-norm work (kernels/conv_v2_norm.cuh), described by a `Fusion`: its
-FUSE bits are the kernel's second template argument, and `launch` returns the slabs of sums the
-fused epilogue wrote, (groups, slabs per group, fields, channels).
+Details: docs/kernels.md, "minidl/kernels/conv_v2.py".
 """
 from typing import NamedTuple
 

@@ -1,27 +1,12 @@
 """Where the CUDA sources are, and how a family of kernels becomes a loaded module.
 
-The sources live in the repository's top-level `kernels/` folder. An installed wheel carries
-them as the package `minidl.cuda_sources` (pyproject maps that package onto `kernels/`); a
-checkout run without installing (PYTHONPATH) finds them beside the `minidl` package. Either
-way `source_path(family)` is kernels/<family>.cu.
+`source_path(family)` is kernels/<family>.cu, from a checkout or the installed wheel
+(`minidl.cuda_sources`). `compile_options(defines)` are a family's NVRTC options: every constant
+a launcher shares with its kernel is written once, in the launcher, and reaches the compiler as
+a define, plus a hash of the .cu and its headers so CuPy's disk cache compiles anew after any
+edit. On a GPU `load_rawmodule` compiles a family once per process.
 
-Every constant that both a launcher and its kernel need (threads per block, tile sizes) is
-written once, in the launcher module, and reaches the compiler as a -D define or a template
-argument: `compile_options(defines)` are the NVRTC options for one family. On a GPU
-`load_rawmodule` compiles a family once per process for the device's architecture;
-tests/kernels compiles the same sources with nvcc and g++ (the CPU emulator) from the same
-options.
-
-The compiled kernels are kept by CuPy's disk cache, whose key is the .cu text, the options, the
-architecture and the NVRTC version, but not the headers the .cu includes: so the options carry
-`-DMINIDL_SOURCES_HASH=<sources_hash(family)>`, a hash of the .cu and every header it includes
-(quoted includes, recursively), and an edit of ptx.cuh alone compiles anew. CuPy 14.2 is
-required (pyproject's cuda extras): before it a RawModule with name expressions never found its
-cubin in that cache, and each process compiled again. This rather than a cubin cache of our own:
-it adds no loading path that has never run on a GPU, only an option NVRTC ignores.
-
-CuPy appends -ftz=true to every option list (after ours: NVRTC honours the last), so fp32
-arithmetic flushes subnormal inputs and results to zero on the GPU; the CPU emulator does the same.
+Details: docs/kernels.md, "minidl/kernels/loader.py".
 """
 import functools
 import hashlib

@@ -1,24 +1,12 @@
 """Convolutions with the batch norms around them done inside (minidl.ops.normconv's kernel side).
 
-A batch norm between two convolutions takes no pass of its own over the activations:
+A batch norm between two convolutions takes no pass of its own over the activations: the
+convolutions' epilogues give its statistics and sums, the next convolution reads relu(bn(y))
+where it reads y, and a block ends in one normalize + add + ReLU. Each fused pass is tuned like
+the plain passes: the v1 plan composes the existing kernels and is always a candidate, the v2
+plans do the work inside the kernel (kernels/conv_v2_norm.cuh).
 
-    forward     conv_forward_fused(..., stats=True)   y and per group its (mean, variance):
-                                                      the conv epilogue's slabs, then bn_moments
-                batch_norm_affine                     per group scale, shift, mean, 1/std (the
-                                                      `norm` array), running statistics updated
-                conv_forward_fused(y, ..., norm=norm) the next convolution reads relu(y·scale +
-                                                      shift) where it reads y
-    backward    conv_grad_input_fused                 dL/dz masked by relu'(y·scale + shift), and
-                                                      the batch norm's sums Σg, Σg·(y − mean)
-                conv_grad_weight_fused                grad-weight reading relu(y·scale + shift)
-                norm_backward                         dγ, dβ, and dL/dy = g·scale + (y − mean)·k1 + k0
-    block end   norm_add_relu / norm_add_relu_backward  relu(bn(y) + r), r plain or normalized
-
-Each fused convolution pass is a set of plans, tuned like the plain passes (minidl.kernels.conv):
-the v1 plan composes the existing kernels (bn_apply into a scratch tensor before the v1
-convolution, bn_stats or bn_backward_reduce after it) and is always a candidate; the v2 plans
-do the work inside the kernel (kernels/conv_v2_norm.cuh). Statistics groups are `images`
-consecutive images (ghost batch norm; the whole batch when not grouped).
+Details: docs/kernels.md, "minidl/kernels/normconv.py".
 """
 import numpy
 

@@ -1,15 +1,8 @@
-"""The parts the training loop (minidl.trainer) is made of, one job each:
+"""The parts the training loop (minidl.trainer) is made of, one job each: build (schedule,
+model, optimizer), parts (what runs around each step), steps, device_step and graph (the
+step, eager or CUDA-graph), forward, evaluator, state and position (checkpoints, where a run
+is), outputs (files, progress bar), timer and preemption, trace, recorder and chrome_trace
+(--trace-steps timelines).
 
-    build        the schedule, model and optimizer a configuration asks for
-    parts        what the loop runs around each step, each with its trigger (watchdog, trace
-                 window, progress and logging, --checkpoint-every)
-    steps        the step interface: EagerStep, GraphedTrainStep (CUDA graph replay)
-    device_step  the whole step on the device, what a graph captures; graph: the capture itself
-    forward      the forward pass and loss of a batch
-    evaluator    validation over all ranks, with the BN-statistics averaging
-    state        the run's state as a checkpoint, and its restore; position: where a run is
-    outputs      config/metrics/steps/summary files, banner, progress bar
-    timer        where a step's time goes; preemption: SIGTERM/SIGINT as a stop request
-    trace        --trace-steps: the window of traced steps; recorder: one rank's timeline;
-                 chrome_trace: the ranks' timelines as one Chrome Trace Event file
+Details: docs/training.md, "minidl/training/__init__.py".
 """

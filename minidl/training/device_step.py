@@ -1,14 +1,11 @@
 """One training step that never waits for the device: what --cuda-graph captures
 (minidl.training.graph), and what the step benchmark runs with --amp or --cuda-graph.
 
-`DeviceStep(model, optimizer, label_smoothing, amp)(images, labels)` zeroes the gradients,
-refreshes the bf16 copy of the weights that the previous update changed (with `amp`), runs the
-forward pass (minidl.training.forward), backward and the optimizer's update; one process only
-(a multi-rank all-reduce is not captured). With `staged=True` the update is the device half of
-the optimizer's step (`step_from_device`), whose rate was staged before (what a graph replays).
-The loss is added, times the batch size, to a sum ON THE DEVICE, and a non-finite loss to a
-count there: nothing is read back. `take_totals()` reads and resets both, when the caller
-chooses (every --print-freq steps): the only synchronization.
+`DeviceStep(...)(images, labels)` zeroes the gradients, runs forward, backward and the
+optimizer's update, one process only. The loss sum and the count of non-finite losses stay
+on the device; `take_totals()`, when the caller chooses, is the only synchronization.
+
+Details: docs/training.md, "minidl/training/device_step.py".
 """
 import numpy
 

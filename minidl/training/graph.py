@@ -1,45 +1,13 @@
 """A training step captured once in a CUDA graph and replayed (`--cuda-graph`): one launch per
 step instead of hundreds of launches driven from Python (cupy.cuda.Graph, by stream capture).
 
-`GraphedStep(step, optimizer, images_shape)` wraps `step(images, labels, staged=True)`, a
-function that does one whole training step on the device (minidl.training.device_step.DeviceStep:
-zero the gradients, forward, loss, backward, the update as the device half of the optimizer's
-step), and runs it:
+`GraphedStep(step, optimizer, images_shape)` runs a whole device step (DeviceStep) eagerly for
+the warm-ups, captures the next call, then replays it. A replay sees nothing new, so all that
+changes between steps (batch, rate, parameters, sums) lives in device memory at fixed
+addresses, and its temporaries in a private memory pool; the step function must keep to the
+same kernels and shapes, with no host synchronization, on one process.
 
-    calls 1 .. warmup   eagerly, on the capture stream, allocating from the graph's own pool;
-    the next call       captured (the stream records the kernels instead of running them), then
-                        launched;
-    later calls         launched: the recorded kernels run again with the recorded arguments.
-Every call runs the same kernels, the warm-ups included (the update reads its scalars from the
-device in all of them), so the warm-ups leave nothing to load or compile during the capture.
-Before each call the optimizer's host half (`stage_step`) stages this step's rate.
-
-A replay sees nothing new, so all that changes between steps lives in device memory at fixed
-addresses:
-- the batch: copied into the static buffers `images`, `labels` before each call (a batch of
-  another shape, shortened by undecodable images, runs eagerly instead);
-- the rate, gradient scale and momentum correction: the SGD kernel reads them from the
-  optimizer's `device_scalars`, which `optimizer.stage_step()` fills before each replay: a
-  changed rate needs no new capture;
-- parameters, gradients, momentum, BN statistics and the device loss sum: updated in place,
-  never reallocated (the optimizer's flat buffers, the modules' buffers, DeviceStep's sums).
-
-Memory: a replay writes its temporaries where the capture's allocations were. Those blocks go
-back to the pool during the capture, so they come from a private CuPy pool that nothing else
-allocates from afterwards, kept alive by this object. The warm-up calls allocate the same
-sequence from the same pool on the same stream first, so the capture finds every block cached
-(CuPy's pool keeps free blocks per stream), and they do what must not happen during a capture:
-compile and load the kernels, set kernel attributes. No cuBLAS call may be captured (CuPy
-refuses it), so the classifier runs on the convolution kernels (minidl.ops.linear).
-
-Synchronization: none on the host. The capture stream waits for the caller's stream (which
-wrote the static inputs) by an event, and the caller's stream waits for it afterwards; replays
-are launched on the caller's stream itself.
-
-What the step function must keep to: no host synchronization or host-to-device copy inside
-(`float(array)`, `xp.asarray(host values)`), the same kernels and shapes on every call, no
-randomness drawn on the host, one process (a multi-rank all-reduce is not captured: the trainer
-runs those eagerly), an optimizer with a device half of its step (SGD; LARS has none).
+Details: docs/training.md, "minidl/training/graph.py".
 """
 import contextlib
 

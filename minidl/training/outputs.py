@@ -1,17 +1,11 @@
 """What a run leaves in --output-dir and shows on the terminal. Rank 0 only: on the other ranks
 every method does nothing (the progress bar is disabled).
 
-    config.json     the effective configuration and the MINIDL_* environment it ran with
-    ranks.json      rank -> host and PID (a launcher reports a dead process by its PID)
-    metrics.jsonl   one object per epoch
-    steps.jsonl     every --print-freq steps: loss, rate, img/s, the step's time split and, with
-                    several ranks, its communication and the spread of the ranks' compute time
-                    (minidl.training.stragglers; the epoch's also names a straggler)
-    autotune.json   on a GPU: the kernel validation, the convolution plans the autotuner chose and
-                    every candidate's status, time and error vs v1 (minidl.kernels.autotune)
-    summary.json    the final epoch, model, epochs, world size, global batch, wall time
+The files: config.json, ranks.json, metrics.jsonl (one object per epoch), steps.jsonl (every
+--print-freq steps), autotune.json (on a GPU) and summary.json. A resumed run keeps the log
+lines up to its resume point and rewrites what came after.
 
-A resumed run keeps the log lines up to its resume point and rewrites what came after.
+Details: docs/training.md, "minidl/training/outputs.py".
 """
 import json
 from pathlib import Path

@@ -1,15 +1,12 @@
 """The parts around the training step (minidl.trainer's `train_epoch`), each with its trigger.
 
-The loop of an epoch runs every part's `before_step(position)`, then the step, advances the
-position, then every part's `after_step(position, stopping)`, in list order; `epoch_end()`
-when the epoch is complete or the run stops inside it. `position` is where the run is: before
-the step, the step to come is `position.iteration + 1`; after it, `position.step` counts the
-epoch's steps done. `stopping` is the step's decision over all ranks to stop (a stop request
-on any of them). A new part is a `Part` with the hooks it needs, added to the trainer's list.
+Each step, the epoch's loop runs every part's `before_step(position)`, the step, then every
+part's `after_step(position, stopping)`, in list order; `epoch_end()` when the epoch is
+complete or the run stops inside it. A new part is a `Part` with the hooks it needs, added to
+the trainer's list. Inside the step itself stay its watchdog activities, the one collective
+deciding the non-finite loss and the stop, and the diagnostic checkpoint of a non-finite loss.
 
-What stays inside the step itself: its watchdog activities (data, decision, update), the one
-collective that decides the non-finite loss and the stop with the straggler timing riding along,
-and the diagnostic checkpoint of a non-finite loss.
+Details: docs/training.md, "minidl/training/parts.py".
 """
 import time
 

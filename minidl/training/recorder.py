@@ -1,26 +1,12 @@
 """What one rank computed and communicated when: the recorder behind --trace-steps.
 
-While `start()`ed, the recorder is the observer of the lower layers' hooks (each is None
-otherwise, and a run that does not trace only checks them):
+While `start()`ed, it observes the lower layers' hooks (None otherwise, so a run that does
+not trace only checks them): the step timer's phases, every module's forward and backward, and
+each gradient bucket's reduction stages. Times are host seconds on the CPU and CUDA events on
+a GPU; `collect()` turns every mark into host seconds, intervals nesting on the compute track
+as step > phase > module.
 
-- the step timer (minidl.training.timer): each phase of the step (data wait, forward,
-  backward, all-reduce wait, optimizer update); `end_step(n)` closes the step around them;
-- `nn.Module.call_hook`: the forward of every module of the model, by its name
-  (`layer1.0.conv1`) with its output's shape; meanwhile autograd's scope tags the Functions
-  that forward records with that name;
-- autograd's backward observer: the backward of every Function, consecutive Functions of one
-  module merged into one interval named after the module (the ops are listed in its args);
-- the gradient reducer's `on_final` and each plan's `on_stage`: bucket k's interval on its own
-  track runs from the moment its gradients were final to its last stage's end; each stage
-  (reduce-scatter, all-reduce, all-gather) with the algorithm, group, ranks and bytes.
-
-Times are marks of a clock. On the CPU, host seconds (time.perf_counter); a stage ends when
-the host first sees it complete (the reducer tests running stages at every gradient backward
-delivers, and waits for them after backward). On a GPU, CUDA events on the compute stream;
-a stage NCCL carries starts when both its input is ready on the compute stream and the
-collectives before it on NCCL's stream are done, and ends with an event queued behind it on
-NCCL's stream; a stage MPI carries ends when the host sees it complete. `collect()` turns
-every mark into host seconds. Intervals nest on the compute track: step > phase > module.
+Details: docs/training.md, "minidl/training/recorder.py".
 """
 import dataclasses
 import functools

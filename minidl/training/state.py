@@ -1,16 +1,11 @@
 """The run's state as a checkpoint: assembled over every rank, and restored from one.
 
-A checkpoint holds the model's and optimizer's training state (minidl.checkpoint), every
-rank's BN statistics (they are per rank), every rank's epoch totals, the position, the rate,
-the global batch schedule and the configuration. Data order and augmentation are functions of
-(seed, epoch, index), so there is no other random state to save.
+It holds the model's and optimizer's state, every rank's BN statistics and epoch totals, the
+position, rate, global batch schedule and configuration; data order and augmentation are
+functions of (seed, epoch, index), so no other random state is saved. A run may resume on
+another number of ranks, mid-epoch included, reading exactly the images left.
 
-A run may resume on another number of ranks, mid-epoch included: it keeps the checkpoint's
-global batch, and since every optimizer step reads the next global-batch-sized block of the
-epoch's one permutation whatever the number of ranks (minidl.data.sampler), it reads exactly
-the images the interrupted run had left. Every new rank's BN running statistics start from
-the mean over the old ranks' (what evaluation uses; at an epoch's end they are all equal), and
-the epoch's running sums so far go to rank 0 (only their sum over ranks is ever reported).
+Details: docs/training.md, "minidl/training/state.py".
 """
 import dataclasses
 import math

@@ -1,18 +1,11 @@
 """The training step, eager or replayed from a CUDA graph, behind one interface.
 
-The loop drives a step as
+The loop drives a step as `begin(lr)`, `micro_batch(images, labels, last)` per micro-batch,
+`end(check)` (whether a non-finite loss was seen; a graph answers only when `check`, its loss
+staying on the device), then `update()`. Both kinds add their images and losses into the
+epoch's `totals` (EpochTotals) and charge their phases to the step timer.
 
-    step.begin(lr)                          before the step's first micro-batch
-    step.micro_batch(images, labels, last)  each micro-batch with images (accumulation: several)
-    nonfinite = step.end(check)             the gradient is complete; whether a non-finite loss
-                                            was seen (asked every step; a graph answers only
-                                            when `check`, as its loss stays on the device)
-    step.update()                           the optimizer's update (a replayed step made it)
-
-and both add what they see into the epoch's `totals` (EpochTotals): every micro-batch's images,
-and its loss times its images, in micro-batch order (eager) or whenever the device's sum is
-read (`settle`, graphed). The timer (minidl.training.timer) is charged the phases of each,
-and the eager step's reduction, from its first bucket's launch to its end, as "communication".
+Details: docs/training.md, "minidl/training/steps.py".
 """
 import math
 

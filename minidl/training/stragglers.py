@@ -1,22 +1,13 @@
 """Which rank holds the others up: the spread of per-rank compute time, step by step.
 
-Each step, every rank's compute seconds (data wait, forward and backward: the work before the
-gradient exchange) and its exposed wait for the reduction reach every rank in the step's one
-collective decision (Trainer.any_rank), so this costs no message of its own; rank 0, which
-reports them, keeps them: `add(rows)` takes them; `report()` (steps.jsonl, every --print-freq steps) and `epoch_report()`
-(metrics.jsonl) give, as means over their steps:
+Every rank's compute seconds and exposed wait for the reduction ride on the step's one
+collective decision (Trainer.any_rank), so this costs no message of its own. Rank 0 keeps
+them: `report()` (steps.jsonl) and `epoch_report()` (metrics.jsonl) give the fastest, median
+and slowest compute, each rank's own, the slowest rank and what it cost the others; the
+epoch's also names a `straggler`, a rank at least SLOWER times the median of the OTHER ranks
+in more than half of the epoch's steps.
 
-    compute_fastest, compute_median, compute_slowest   seconds of compute per step over the ranks
-    rank_compute        each rank's own compute seconds per step (rank order)
-    rank_wait           each rank's exposed wait for the gradient reduction per step
-    slowest_rank        the rank that was slowest in most steps, and slowest_share of the steps
-    straggler_wait      what the slowest cost the others: the mean over the other ranks of
-                        (slowest - their compute), seconds per step
-
-and the epoch also `straggler`: the rank that was at least SLOWER times the median of the
-OTHER ranks in more than half of the epoch's steps (None if none), with straggler_share, that
-fraction of steps. The median of the others, not of all: with two ranks the median of all is
-their mean, which a rank 1.2 times the other never exceeds by 20%.
+Details: docs/training.md, "minidl/training/stragglers.py".
 """
 import numpy
 

@@ -1,17 +1,11 @@
 """Where a training step's time goes: data wait, forward, backward, all-reduce, optimizer.
 
-`StepTimer.mark(phase)` charges the time since the previous mark to `phase`. On a GPU each
-mark first waits for the device, so the split is of device time as well (the price: the host
-cannot run ahead of the GPU across a mark). `report()` gives the seconds per step of each
-phase averaged since the previous report, for the progress bar and `steps.jsonl`;
-`epoch_report()` the same since the previous epoch report, for the epoch's line.
+`StepTimer.mark(phase)` charges the time since the previous mark to `phase` (on a GPU after
+waiting for the device, so the split is of device time too); `report()` and `epoch_report()`
+average the seconds per step of each phase for steps.jsonl and the epoch's line. The whole
+communication, overlapping the phases, is charged apart by `add_since("communication", ...)`.
 
-The "allreduce" phase is the wait for the gradient reduction after backward has returned: the
-communication the step was exposed to. `add_since("communication", start)` charges the time
-from `start` to the last mark to a quantity that is no phase (it overlaps them): the whole
-communication, from the first bucket's launch to the reduction's end; the reports then carry
-it too. `this_step` holds the current step's seconds per phase. An `observer` (None by
-default) hears of `started()` and each `marked(phase)`.
+Details: docs/training.md, "minidl/training/timer.py".
 """
 import time
 

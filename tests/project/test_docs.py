@@ -1,6 +1,7 @@
 """The docs cannot rot: every `path` and `path:qualname` that docs/walkthrough.md names exists,
 every relative link in README.md and docs/*.md points at a file of the repository, and every
-`docs/page.md, "Heading"` or `docs/page.md §N` that a module docstring gives is there."""
+`docs/page.md, "Heading"` or `docs/page.md §N` that a module docstring gives is there; module
+docstrings stay short (what and why), their details living in those pages."""
 import ast
 import re
 from pathlib import Path
@@ -124,3 +125,21 @@ def test_docstrings_point_at_pages_and_headings_that_exist():
 @pytest.mark.parametrize("bogus", ['docs/no_such_page.md', 'docs/design.md, "No such heading"', "docs/design.md §99"])
 def test_a_wrong_pointer_is_caught(bogus):
     assert len(pointer_problems(f"Details: {bogus}.")) == 1
+
+
+MODULE_DOCSTRING_LINES = 10
+
+
+def too_long(doc):
+    return len(doc.splitlines()) > MODULE_DOCSTRING_LINES
+
+
+def test_module_docstrings_say_what_and_why_in_at_most_ten_lines():
+    found = [f"{path}: {len(doc.splitlines())} lines" for path, doc in module_docstrings() if too_long(doc)]
+    assert found == [], "move the details into a docs/ page and point at it"
+
+
+def test_the_line_limit_counts_the_docstring_as_written():
+    doc = ast.get_docstring(ast.parse('"""One.\n\n' + "more\n" * 9 + '"""'))
+    assert len(doc.splitlines()) == 11 and too_long(doc)
+    assert not too_long("\n".join(["line"] * 10))
