@@ -4,8 +4,9 @@ intact and resumable; a slowed rank is named the straggler; the watchdog changes
 Two ranks train ResNet-20 at 16 px on a small embedded dataset with short deadlines. A rank is
 stopped (SIGSTOP) at the phase a test wants without any hook in the product: the test stops it
 and reads the stall warning, which says what the rank was last seen doing; where that is not the
-phase, it continues the rank (SIGCONT) and tries again. For evaluation it stops the rank as
-steps.jsonl shows the epoch's last step."""
+phase, it continues the rank (SIGCONT) and tries again. For evaluation it stops the rank a
+little after steps.jsonl shows the epoch's last step, in an evaluation made long enough (larger
+validation images) that the rank's heartbeat has said so, however fast the machine."""
 import json
 import os
 import queue
@@ -28,6 +29,7 @@ TIMEOUT, WARNING = 8, 3
 FLAGS = ["--model", "resnet20", "-b", 8, "--train-crop-size", 16, "--val-crop-size", 16, "--val-resize-size", 16,
          "--augment", "none", "--print-freq", 1]
 DEADLINES = ["--collective-timeout", TIMEOUT, "--stall-warning", WARNING]
+LONG_EVAL = ["--val-resize-size", 64, "--val-crop-size", 64]  # 16 times the pixels: about a second
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +132,7 @@ def stop_in(job, rank, phase, trigger=None, attempts=25):
             time.sleep(random.uniform(0.05, 0.4))
         else:
             job.wait_until(lambda: trigger(job, seen), 60, "the trigger")
+            time.sleep(random.uniform(0.1, 0.3))  # past a heartbeat (0.05 s ticks) into the phase
         while not job.lines.empty():
             job.lines.get()
         os.kill(pid, signal.SIGSTOP)
@@ -159,7 +162,8 @@ def assert_gone(pid):
 @pytest.mark.parametrize("rank, phase, every", [(1, "backward", 3), (0, "checkpoint", 1), (1, "eval", 3)])
 def test_a_stopped_rank_is_named_the_job_ends_and_resumes_from_its_last_checkpoint(start_job, data, tmp_path, rank,
                                                                                    phase, every):
-    job = start_job(data, tmp_path, "--epochs", 40, "--checkpoint-every", every, *DEADLINES)
+    extra = LONG_EVAL if phase == "eval" else []
+    job = start_job(data, tmp_path, "--epochs", 40, "--checkpoint-every", every, *DEADLINES, *extra)
     host = job.ranks()[rank]["host"]
     pid, stopped_at = stop_in(job, rank, phase, trigger=epoch_ended if phase == "eval" else None)
     status = job.end(TIMEOUT + GRACE_SECONDS + 30)
@@ -176,7 +180,8 @@ def test_a_stopped_rank_is_named_the_job_ends_and_resumes_from_its_last_checkpoi
 
     path, _, meta = CheckpointDir(tmp_path, 3).load_latest(warn=pytest.fail)  # loads, its SHA-256 checked
     resumed = launch.run("minidl.train", 2, "--data-path", data, "--output-dir", tmp_path, *FLAGS, *DEADLINES,
-                         "--checkpoint-every", every, "--epochs", meta["epoch"] + 1, "--resume", "auto", timeout=120)
+                         *extra, "--checkpoint-every", every, "--epochs", meta["epoch"] + 1, "--resume", "auto",
+                         timeout=120)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert f"resumed from {path} at epoch {meta['epoch'] + 1}, step {meta['step']}" in resumed.stdout
     epochs = [json.loads(line)["epoch"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -188,12 +193,17 @@ def test_a_rank_slowed_by_stops_is_named_the_straggler(start_job, data, tmp_path
     job = start_job(data, tmp_path, "--epochs", 3)
     pid = job.ranks()[1]["pid"]
     job.wait_until(lambda: len(job.steps()) >= 2, 60, "two steps")
+    logged = len(job.steps())
     try:
-        while job.process.poll() is None:  # stopped two thirds of the time
+        while job.process.poll() is None:  # each step that starts, rank 1 is stopped for 30 ms of its compute
+            if len(job.steps()) == logged:
+                time.sleep(0.001)
+                continue
+            logged = len(job.steps())
+            time.sleep(0.002)  # past the update, which is not compute
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.04)
+            time.sleep(0.03)
             os.kill(pid, signal.SIGCONT)
-            time.sleep(0.02)
     except ProcessLookupError:  # the rank has ended, the launcher not yet
         pass
     assert job.end(5) == 0, job.output()
