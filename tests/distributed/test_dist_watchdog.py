@@ -29,7 +29,7 @@ TIMEOUT, WARNING = 8, 3
 FLAGS = ["--model", "resnet20", "-b", 8, "--train-crop-size", 16, "--val-crop-size", 16, "--val-resize-size", 16,
          "--augment", "none", "--print-freq", 1]
 DEADLINES = ["--collective-timeout", TIMEOUT, "--stall-warning", WARNING]
-LONG_EVAL = ["--val-resize-size", 64, "--val-crop-size", 64]  # 16 times the pixels: about a second
+LONG_EVAL = ["--val-resize-size", 64, "--val-crop-size", 64]  # 16 times the pixels: many heartbeats long
 
 
 @pytest.fixture(scope="module")
@@ -196,10 +196,11 @@ def test_a_rank_slowed_by_stops_is_named_the_straggler(start_job, data, tmp_path
     logged = len(job.steps())
     try:
         while job.process.poll() is None:  # each step that starts, rank 1 is stopped for 30 ms of its compute
-            if len(job.steps()) == logged:
+            steps = len(job.steps())
+            if steps == logged:
                 time.sleep(0.001)
                 continue
-            logged = len(job.steps())
+            logged = steps
             time.sleep(0.002)  # past the update, which is not compute
             os.kill(pid, signal.SIGSTOP)
             time.sleep(0.03)
