@@ -141,7 +141,11 @@ def stop_in(job, rank, phase, trigger=None, attempts=25):
         assert line is not None, f"no stall warning named rank {rank} (pid {pid})\n{job.output()}"
         if re.search(rf"stopped: no heartbeat for [\d.]+ s, last seen (waiting )?in {phase} ", line):
             return pid, stopped_at
+        logged = len(job.steps())
         os.kill(pid, signal.SIGCONT)
+        # A wait warns once: the next stop must come in a new one. Two more steps logged (the first
+        # may be one the stopped rank 0 had not yet written) put both ranks past the warned wait.
+        job.wait_until(lambda: len(job.steps()) >= logged + 2, 60, "two steps after the rank continued")
     job.kill()
     pytest.fail(f"rank {rank} was never caught in {phase} in {attempts} tries\n{job.output()}")
 
