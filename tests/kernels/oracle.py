@@ -25,13 +25,14 @@ import numpy
 
 from minidl import Tensor, ops
 from minidl.backend import to_numpy
+from minidl.kernels.autotune import REFERENCE_TOLERANCE
 from minidl.ops import conv as conv_ref
 from minidl.ops.loss import SoftmaxCrossEntropy
 from minidl.ops.norm import BatchNorm
 from minidl.ops.pool import GlobalAvgPool, MaxPool2d
 from minidl.ops.sgd import sgd_momentum_update
 
-TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 1.5e-2}
+TOLERANCE = REFERENCE_TOLERANCE  # the table above, declared in the product (the standalone programs check with it)
 
 
 def to_bf16(values):
