@@ -173,8 +173,8 @@ static double reference_element(const Problem& p, const float* a, const float* b
 // ---- the check ----
 struct Verdict {
     bool passed;
-    long long unwritten, checked;  // unwritten: not finite (the output starts as NaN)
-    double max_error, max_reference;
+    long long unwritten, first_unwritten, checked;  // unwritten: not finite (the output starts as NaN)
+    double max_error, max_reference;                // over the finite elements checked
     long long worst;
 };
 
@@ -183,8 +183,9 @@ struct Verdict {
 // fixed pseudo-random sample of the others within that budget.
 static Verdict check(const Problem& p, const Inputs& in, const std::vector<float>& out) {
     const long long count = output_count(p);
-    Verdict v{false, 0, 0, 0.0, 0.0, -1};
-    for (long long i = 0; i < count; ++i) v.unwritten += !std::isfinite(out[i]);
+    Verdict v{false, 0, -1, 0, 0.0, 0.0, -1};
+    for (long long i = count - 1; i >= 0; --i)
+        if (!std::isfinite(out[i])) ++v.unwritten, v.first_unwritten = i;
     const long long budget = std::max(2LL, STANDALONE_CHECK_MACS / std::max(1LL, multiply_adds_per_element(p)));
     const bool every = count <= budget;
     v.checked = every ? count : budget;
@@ -194,16 +195,16 @@ static Verdict check(const Problem& p, const Inputs& in, const std::vector<float
         const double expected = reference_element(p, in.a.values.data(), in.b.values.data(), i);
         const double error = std::fabs(double(out[i]) - expected);
         v.max_reference = std::max(v.max_reference, std::fabs(expected));
-        if (!(error <= v.max_error)) v.max_error = error, v.worst = i;  // NaN counts as the worst
+        if (error > v.max_error) v.max_error = error, v.worst = i;
     }
     v.passed = v.unwritten == 0 && v.max_error <= p.tolerance * std::max(v.max_reference, 1e-30);
     return v;
 }
 
 static void print_verdict(const Problem& p, const Verdict& v) {
-    printf("check: %s: %lld of %lld elements compared with the float64 reference, %lld not written (NaN or inf); "
-           "max error %.3e of the largest value %.3e (element %lld), tolerance %.1e\n",
-           v.passed ? "PASSED" : "FAILED", v.checked, output_count(p), v.unwritten,
+    printf("check: %s: %lld of %lld elements compared with the float64 reference, %lld not written (NaN or inf; "
+           "the first: element %lld); max error %.3e of the largest value %.3e (element %lld), tolerance %.1e\n",
+           v.passed ? "PASSED" : "FAILED", v.checked, output_count(p), v.unwritten, v.first_unwritten,
            v.max_error / std::max(v.max_reference, 1e-30), v.max_reference, v.worst, p.tolerance);
 }
 
