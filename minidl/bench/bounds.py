@@ -9,7 +9,6 @@ and the compulsory HBM traffic's time, the larger of which binds.
 
 Details: docs/kernels.md, "minidl/bench/bounds.py".
 """
-import argparse
 import json
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import numpy
 from minidl.backend import BF16
 from minidl.bench._nvcc import compile_cubin, find_nvcc
 from minidl.bench.kernels import resnet50_convs
+from minidl.cli import OneLineErrorParser
 from minidl.errors import UserError
 from minidl.fileio import writable, write_json_atomic
 from minidl.intmath import ceil_div, round_up
@@ -286,7 +286,7 @@ def report(device, tiles, rows, batch, registers_known):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m minidl.bench bounds", description=__doc__.split("\n\n")[0])
+    parser = OneLineErrorParser(prog="python -m minidl.bench bounds", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch-size", type=int, default=256, help="images per GPU")
     parser.add_argument("--json", metavar="FILE", help="also write every tile's row of every layer and pass here")
     parser.add_argument("--no-nvcc", action="store_true",

@@ -8,7 +8,6 @@ grid, block, shared-memory size, constant and argument is the launcher's, never 
 
 Details: docs/kernels.md, "minidl/bench/standalone.py".
 """
-import argparse
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy
 from minidl.backend import BF16
 from minidl.bench._nvcc import ARCH, find_nvcc
 from minidl.bench._recorder import Recorder
+from minidl.cli import OneLineErrorParser
 from minidl.errors import UserError
 from minidl.fileio import writable
 from minidl.kernels import FAMILIES as KERNEL_FAMILIES, Kernels, loader
@@ -244,7 +244,7 @@ def build(family, source, binary):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m minidl.bench standalone", description=__doc__.split("\n\n")[0])
+    parser = OneLineErrorParser(prog="python -m minidl.bench standalone", description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
     parser.add_argument("--pass", dest="conv_pass", required=True, choices=sorted(PASSES))
     parser.add_argument("--shape", required=True, type=parse_shape, metavar="N,H,W,C,K,R,STRIDE,PAD")

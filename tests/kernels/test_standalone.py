@@ -276,6 +276,7 @@ def test_command_writes_the_program(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
+    (["--shape", "1,5,7,64,64,3,1,1", "--dtype", "fp16"], "argument --dtype: invalid choice: 'fp16'"),
     (["--shape", "1,5,7,64"], "--shape '1,5,7,64': give N,H,W,C,K,R,STRIDE,PAD"),
     (["--shape", "1,2,2,64,64,5,1,0"], "does not fit a 2x2 input"),
     (["--shape", "1,5,7,64,64,3,1,1", "--tile", "bf16_64x64"], "offers v2:bf16_128x256:1, v2:bf16_256x128:1"),
