@@ -55,7 +55,7 @@ class Buffer:
 
 
 @dataclass
-class Plan:
+class RecordedPlan:
     """One pass of one convolution as its launcher runs it."""
     family: str
     conv_pass: str     # "fwd", "dgrad", "wgrad"
@@ -88,7 +88,7 @@ def parse_shape(text):
 
 
 def record(family, conv_pass, shape, dtype="bf16", tile=None, splits=None, multiprocessors=MULTIPROCESSORS):
-    """The Plan of `family` for one pass of the convolution `shape` (N, H, W, C, K, R, stride,
+    """The RecordedPlan of `family` for one pass of the convolution `shape` (N, H, W, C, K, R, stride,
     padding) in `dtype`: the first plan the launcher offers for the family there (`tile`,
     `splits`: the one with that tile, that split), run by the launcher with its launches
     recorded. A UserError where the launcher offers no such plan."""
@@ -119,7 +119,7 @@ def record(family, conv_pass, shape, dtype="bf16", tile=None, splits=None, multi
                         f"for {conv_pass} {dtype} {','.join(map(str, shape))}: "
                         f"it offers {', '.join(p.label() for p in offered) or 'none'} (choose with --tile, --splits)")
     output = call(chosen[0])
-    return Plan(family, conv_pass, mode, geometry, chosen[0], recorder.launches,
+    return RecordedPlan(family, conv_pass, mode, geometry, chosen[0], recorder.launches,
                 _buffers(recorder.launches, operands, output, ROLES[conv_pass]))
 
 
