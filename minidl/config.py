@@ -272,15 +272,16 @@ def _field(setting):
 
 
 class _Methods:
-    def resolved(self):
-        """A copy with the layers' defaults filled in, validated."""
+    def resolved(self, imagenet=None):
+        """A copy with the layers' defaults filled in, validated. The dataset profile is ImageNet's
+        with a --data-path (or `imagenet`=True: a plan of an ImageNet run), else the embedded one's."""
         if self.recipe is not None and self.recipe not in RECIPES:
             raise UserError(f"unknown --recipe {self.recipe!r}: choose one of {', '.join(RECIPES)}")
         if self.batch_size is not None and self.batch_schedule is not None:
             raise UserError("give either -b/--batch-size (images per rank) or --batch-schedule "
                             "(global batch per epoch), not both")
-        layers = [RECIPES.get(self.recipe, {}), IMAGENET_PROFILE if self.data_path else EMBEDDED_PROFILE,
-                  BASE_DEFAULTS]
+        imagenet = bool(self.data_path) if imagenet is None else imagenet
+        layers = [RECIPES.get(self.recipe, {}), IMAGENET_PROFILE if imagenet else EMBEDDED_PROFILE, BASE_DEFAULTS]
         filled = {}
         for layer in layers:
             for name, value in layer.items():

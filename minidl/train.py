@@ -35,12 +35,10 @@ def default_text(setting):
     return "%(default)s"
 
 
-def build_parser(prog="minidl-train"):
-    from minidl.cli import OneLineErrorParser
-    from minidl.config import SCHEDULE, SETTINGS
-    parser = OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+def add_settings(parser, settings):
+    """Add each of `settings` (minidl.config.Setting) to `parser` in its group; {group name: group}."""
     groups = {}
-    for setting in SETTINGS:
+    for setting in settings:
         group = groups.get(setting.group) or groups.setdefault(setting.group, parser.add_argument_group(setting.group))
         options = dict(dest=setting.name, default=None, help=f"{setting.help} (default: {default_text(setting)})".lstrip())
         if setting.action:
@@ -53,6 +51,14 @@ def build_parser(prog="minidl-train"):
             if setting.default is not None or setting.default_factory is not None:
                 options["default"] = setting.default_factory() if setting.default_factory else setting.default
         group.add_argument(*setting.flags, **options)
+    return groups
+
+
+def build_parser(prog="minidl-train"):
+    from minidl.cli import OneLineErrorParser
+    from minidl.config import SCHEDULE, SETTINGS
+    parser = OneLineErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
+    groups = add_settings(parser, SETTINGS)
     schedule = groups[SCHEDULE]
     schedule.add_argument("--print-schedule", action="store_true", help="print each epoch's global batch, per-rank "
                           "batch, accumulation steps and lr as JSON, and exit")

@@ -141,15 +141,25 @@ def print_model(args):
     return 0
 
 
-def print_calibration(path):
+def read_results(path):
+    """The rows of a --json file of this benchmark, and the machine the cost model fits to its native rows."""
     try:
         with open(path) as file:
             rows = json.load(file)
-    except (OSError, ValueError) as error:
-        raise UserError(f"cannot read benchmark results from {path} ({error}): pass a file written by --json")
+        ranks = rows[0]["ranks"]
+        native = [(r["bytes"], r["seconds"]) for r in rows if r["algorithm"] == "native"]
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as error:
+        raise UserError(f"cannot read benchmark results from {path} ({type(error).__name__}: {error}): pass a file "
+                        "written by `python -m minidl.bench allreduce --json`")
+    if len(native) < 2:
+        raise UserError(f"{path} holds {len(native)} sizes of the native all-reduce; the fit needs two or more: "
+                        "run the benchmark with several --sizes-mb")
+    return rows, costmodel.calibrate(native, ranks)
+
+
+def print_calibration(path):
+    rows, machine = read_results(path)
     ranks = rows[0]["ranks"]
-    native = [(r["bytes"], r["seconds"]) for r in rows if r["algorithm"] == "native"]
-    machine = costmodel.calibrate(native, ranks)
     print(f"calibrated on {path}: {ranks} ranks on one node, α = {machine.alpha * 1e6:.1f} µs, "
           f"link bandwidth {machine.intra_bandwidth / 1e9:.2f} GB/s")
     print(f"{'size':>8}  {'algorithm':<14} {'measured ms':>12} {'model ms':>9}")

@@ -22,6 +22,7 @@ class Machine:
     alpha: float = 5e-6  # seconds per message
     intra_bandwidth: float = 50e9  # bytes/s from a GPU to a GPU of its node
     node_bandwidth: float = 25e9  # bytes/s from a node to the network, all its GPUs together
+    intra_alpha: float | None = None  # seconds per message within a node (None: alpha)
 
 
 ABCI = Machine()
@@ -33,9 +34,10 @@ class Phase:
     steps: int
     chunk: float  # bytes each rank sends per step
     bandwidth: float
+    alpha: float | None = None  # seconds per round where it is not the machine's alpha (within a node)
 
     def seconds(self, alpha):
-        return self.steps * (alpha + self.chunk / self.bandwidth)
+        return self.steps * ((alpha if self.alpha is None else self.alpha) + self.chunk / self.bandwidth)
 
 
 def ring_bandwidth(machine, size, per_node):
@@ -52,7 +54,8 @@ def ring_phases(machine, name, size, per_node, nbytes, allreduce=True):
         return []
     bandwidth = ring_bandwidth(machine, size, per_node)
     steps = (2 if allreduce else 1) * (size - 1)
-    return [Phase(name, steps, nbytes / size, bandwidth)]
+    inside = min(per_node, machine.gpus_per_node) >= size
+    return [Phase(name, steps, nbytes / size, bandwidth, machine.intra_alpha if inside else None)]
 
 
 def ring(machine, ranks, nbytes):
@@ -71,7 +74,8 @@ def halving_doubling(machine, ranks, nbytes):
         distance = 1 << level  # partner = rank XOR distance, sending half of what is left
         inside = distance < g
         bandwidth = machine.intra_bandwidth if inside else machine.node_bandwidth / g
-        phases.append(Phase(f"distance {distance}", 2, nbytes / (2 << level), bandwidth))
+        alpha = machine.intra_alpha if inside else None
+        phases.append(Phase(f"distance {distance}", 2, nbytes / (2 << level), bandwidth, alpha))
     return phases
 
 

@@ -83,10 +83,11 @@ class GridChoice:
                                  for label, ((x, y), seconds) in self.predicted.items()}}
 
 
-def predict(ranks, per_node, buckets, shape=None):
+def predict(ranks, per_node, buckets, shape=None, machine=costmodel.ABCI):
     """The GridChoice for `ranks` ranks, `per_node` per node, a gradient reduced in buckets of
-    the given bytes: `shape` where given (--torus-shape), else the fastest aligned grid."""
-    machine = dataclasses.replace(costmodel.ABCI, gpus_per_node=per_node)
+    the given bytes: `shape` where given (--torus-shape), else the fastest aligned grid on the
+    links of `machine` (the cost model's ABCI-like ones by default)."""
+    machine = dataclasses.replace(machine, gpus_per_node=per_node)
     buckets = tuple(buckets)
 
     def seconds(grid):

@@ -82,6 +82,8 @@ def test_the_wheel_carries_every_module_and_the_cuda_sources(wheel):
     assert modules <= names, f"pyproject's package list misses {sorted(modules - names)}"
     sources = {p.name for p in (REPO / "kernels").iterdir() if p.suffix in (".cu", ".cuh")}
     assert {f"minidl/cuda_sources/{name}" for name in sources} <= names
+    machines = {p.relative_to(REPO).as_posix() for p in (REPO / "minidl" / "plan" / "machines").glob("*.json")}
+    assert machines and machines <= names, "the simulator's machine files travel with it"
     assert not any(name.startswith(("tests/", "kernels/")) for name in names)
 
 
@@ -94,6 +96,9 @@ def test_console_scripts_from_another_directory(installed):
                                              cwd=work, env=env).stdout.splitlines()]
     assert len(rows) == 90 and rows[0]["global_batch"] == 8192 and rows[5]["lr"] == pytest.approx(3.2)
     assert "usage" in run([bin_dir / "minidl-prepare-imagenet", "--help"], cwd=work, env=env).stdout
+    plan = run([bin_dir / "minidl-plan", "--recipe", "goyal", "--world-size", "16", "--machine", "big_basin"],
+               cwd=work, env=env).stdout
+    assert "on 16 GPUs of big_basin (2 nodes of 8)" in plan and "time to train" in plan
     result = subprocess.run([bin_dir / "minidl-train", "--epochs", "0"], cwd=work, env=env, capture_output=True,
                             text=True, timeout=TIMEOUT)
     assert result.returncode == 2 and result.stderr.startswith("minidl-train: error: --epochs"), result.stderr
