@@ -60,6 +60,11 @@ def arm(world, timeout, warning, ranks):
         _armed = Watchdog(world, timeout, warning, ranks)
 
 
+def load():
+    """(heartbeat messages this rank has received, CPU seconds of its heartbeat thread) since it was armed."""
+    return (_armed.received, _armed.thread_seconds) if _armed is not None else (0, 0.0)
+
+
 def disarm():
     global _armed
     if _armed is not None:
@@ -76,6 +81,7 @@ class Watchdog:
         self.step, self.activity, self.waiting = 0, "start", False
         self.resumed = time.monotonic()  # start, or the end of this rank's own latest stop
         self.seen = {}  # rank -> (monotonic time heard, step, activity, waiting)
+        self.received, self.thread_seconds = 0, 0.0  # heartbeat messages received, the thread's CPU time
         self.watched = range(1, world.size) if self.rank == 0 else [0]
         self.threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self.side = world.mpi.Dup()
@@ -100,6 +106,8 @@ class Watchdog:
             while self.side.iprobe(MPI.ANY_SOURCE, TAG, status):
                 source = status.Get_source()
                 self.seen[source] = (time.monotonic(), *self.side.recv(source=source, tag=TAG))
+                self.received += 1
+            self.thread_seconds = time.thread_time()
 
     def stop(self):
         self._stopping.set()
