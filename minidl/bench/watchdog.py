@@ -2,11 +2,12 @@
 
 Every rank runs simulated steps for `--seconds`: five activities of equal length (data, forward,
 backward, bucket 0, update) that sleep, and in bucket 0 a small all-reduce, its wait under the
-armed deadline, as in training. Rank 0 reports the heartbeat messages it received per second,
+armed deadline, as in training. Rank 0 reports the watchdog's messages it received per second,
 the CPU time of its heartbeat thread per second, and the CPU time of its whole process per
-second beside the same loop run right after with the watchdog off.
+second beside the same loop run right after with the watchdog off; then the time and messages
+of one survey of every rank, as a stalled wait makes (the others wait in a barrier meanwhile).
 
-Details: docs/distributed.md, "minidl/distributed/watchdog.py".
+Details: docs/distributed.md, "The watchdog at scale".
 """
 import argparse
 import json
@@ -42,18 +43,23 @@ def main(argv):
     watchdog.arm(comm, 600, 60, ranks)
     armed = run_steps(comm, args)
     messages, thread_seconds = watchdog.load()
+    survey = time_survey(comm)
+    survey["messages"] = watchdog.load()[0] - messages
     watchdog.disarm()
     unarmed = run_steps(comm, args)
     if comm.rank == 0:
         result = {"ranks": comm.size, "seconds": armed["seconds"], "steps": armed["steps"],
                   "messages_per_s": messages / armed["seconds"], "thread_cpu_per_s": thread_seconds / armed["seconds"],
                   "process_cpu_per_s": armed["cpu"] / armed["seconds"],
-                  "process_cpu_per_s_off": unarmed["cpu"] / unarmed["seconds"], "load": os.getloadavg()[0]}
+                  "process_cpu_per_s_off": unarmed["cpu"] / unarmed["seconds"], "survey_seconds": survey["seconds"],
+                  "survey_messages": survey["messages"], "nodes": survey["nodes"], "load": os.getloadavg()[0]}
         print(f"watchdog on {comm.size} ranks, {result['steps']} steps of {args.step_ms:g} ms in "
-              f"{result['seconds']:.1f} s: rank 0 received {result['messages_per_s']:.1f} heartbeat messages/s, "
+              f"{result['seconds']:.1f} s: rank 0 received {result['messages_per_s']:.1f} watchdog messages/s, "
               f"its heartbeat thread used {result['thread_cpu_per_s'] * 1e3:.2f} ms of CPU/s, the process "
               f"{result['process_cpu_per_s'] * 1e3:.1f} ms/s ({result['process_cpu_per_s_off'] * 1e3:.1f} ms/s "
-              f"with the watchdog off); load average {result['load']:.1f}")
+              f"with the watchdog off); a survey of all ranks on {result['nodes']} node(s) took "
+              f"{result['survey_seconds'] * 1e3:.1f} ms and {result['survey_messages']} messages in; "
+              f"load average {result['load']:.1f}")
         if args.json:
             with open(args.json, "a") as file:
                 file.write(json.dumps(result) + "\n")
@@ -74,6 +80,19 @@ def run_steps(comm, args):
                 comm.allreduce(total)
             time.sleep(lap)
     return {"steps": steps, "seconds": time.monotonic() - start, "cpu": cpu_seconds() - cpu}
+
+
+def time_survey(comm):
+    """On rank 0: {seconds, nodes} of one survey of every rank; the others wait for it in a barrier."""
+    result = {}
+    if comm.rank == 0:
+        start = time.perf_counter()
+        seen = watchdog.survey()
+        result = {"seconds": time.perf_counter() - start, "nodes": comm.num_nodes}
+        if len(seen) != comm.size:
+            raise RuntimeError(f"the survey saw {len(seen)} of {comm.size} ranks")
+    comm.barrier()
+    return result
 
 
 def cpu_seconds():

@@ -16,6 +16,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -145,23 +147,23 @@ class Cluster:
         """Take host `name`'s link down at the bridge: it can reach no one, and no one it."""
         self.login(["ip", "link", "set", name, "down"])
 
-    def start(self, script, ranks_per_host, *args, env=None, cwd=None):
-        """`launch.start`'s job, on every host with `ranks_per_host` ranks each (ranks fill the hosts
-        in order), mpiexec running on the login node; killed with the cluster."""
+    def start(self, script, ranks_per_host, *args, env=None, on=None):
+        """`launch.start`'s job on hosts `on` (default: all), `ranks_per_host` ranks each (ranks fill
+        the hosts in order), mpiexec running on the login node; killed with the cluster."""
         launch.require_mpi()
-        hosts = ",".join(f"{name}:{ranks_per_host}" for name in self.names)
+        on = on or self.names
+        hosts = ",".join(f"{name}:{ranks_per_host}" for name in on)
         command = ["setpriv", "--pdeathsig", "KILL", "nsenter", "-t", str(self.pid(LOGIN)), "-n", "-u", "-m",
-                   f"--wd={cwd or os.getcwd()}", launch.mpiexec(), "-launcher", "ssh", "-launcher-exec",
-                   str(self.launcher), "-hosts", hosts, *launch.command(script, ranks_per_host * len(self.names),
-                                                                         *args)[1:]]
+                   f"--wd={os.getcwd()}", launch.mpiexec(), "-launcher", "ssh", "-launcher-exec",
+                   str(self.launcher), "-hosts", hosts, *launch.command(script, ranks_per_host * len(on), *args)[1:]]
         job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=launch.environment(env), start_new_session=True)
         self.jobs.append(job)
         return job
 
-    def run(self, script, ranks_per_host, *args, env=None, timeout=120):
+    def run(self, script, ranks_per_host, *args, env=None, on=None, timeout=120):
         """`start`, waited for; the CompletedProcess (stdout, stderr as text), or a failure after `timeout` s."""
-        return launch.finish(self.start(script, ranks_per_host, *args, env=env), script, timeout)
+        return launch.finish(self.start(script, ranks_per_host, *args, env=env, on=on), script, timeout)
 
     def namespaces(self):
         """{network namespace (as /proc/PID/ns/net reads): its name} of the login node and the hosts."""
@@ -221,3 +223,27 @@ def _kill_group(pid):
     except ProcessLookupError:
         pass
 
+
+
+def main(argv):
+    """PYTHONPATH=tests python -m mpi.hosts HOSTS PER_HOST SCRIPT [ARGS...]: SCRIPT (a file of tests/mpi,
+    any path ending in .py, or a module) under mpiexec on HOSTS hosts made for it, PER_HOST ranks
+    each; its output and exit status, the hosts removed after."""
+    if len(argv) < 3 or not argv[0].isdigit() or not argv[1].isdigit():
+        sys.exit("usage: PYTHONPATH=tests python -m mpi.hosts HOSTS PER_HOST SCRIPT [ARGS...]")
+    if unavailable():
+        sys.exit(unavailable())
+    with tempfile.TemporaryDirectory(prefix="minidl-hosts-") as shared:
+        cluster = Cluster(shared, int(argv[0]))
+        try:
+            job = cluster.start(argv[2], int(argv[1]), *argv[3:])
+            out, err = job.communicate()
+        finally:
+            cluster.close()
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return job.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
