@@ -89,7 +89,6 @@ class Watchdog:
         node = world.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)  # the ranks that share memory
         self.node_of = world.mpi.allgather(node.bcast(self.rank))  # a node is named by its first rank
         self.board = NodeBoard(node, self.rank)
-        self.local = [r for r in range(world.size) if self.node_of[r] == self.node_of[self.rank]]
         # rank 0 ends a stalled job; its deputy if rank 0 cannot, the first rank on another node (rank 1 on one node)
         self.deputy = next((r for r in range(world.size) if self.node_of[r] != self.node_of[0]), 1)
         self.deadline = timeout + GRACE_SECONDS * (0 if self.rank == 0 else 1 if self.rank == self.deputy else 2)
@@ -246,7 +245,7 @@ class Watchdog:
             stalled = [entry for entry in found if not entry[1].startswith("alive")]
             whom = f"stalled: {self._named(stalled or found)}" if found else "every rank waits there too"
             _say(f"{head}; {whom}; aborting the job")
-        elif self.rank == self.local[0]:
+        elif self.rank == self.node_of[self.rank]:  # the first rank of its node
             _say(f"{head}; neither rank 0 nor its deputy rank {self.deputy} ended the job; ending it")
         self.world.abort(1)
 

@@ -82,12 +82,13 @@ def test_a_host_cut_off_is_named_the_job_ends_and_the_other_host_resumes_mid_epo
     while not all(gone(entry["pid"]) for entry in ranks):  # the cut-off ranks end by their own deadlines
         assert time.monotonic() < cut_at + TIMEOUT + 30, f"ranks left: {[e for e in ranks if not gone(e['pid'])]}"
         time.sleep(0.1)
-    print(f"\nhost {cut} cut off: the job ended {ended:.1f} s after the cut, every rank "
-          f"{time.monotonic() - cut_at:.1f} s after it; {line[0]}")
+    gone_after = time.monotonic() - cut_at
 
     path, _, meta = CheckpointDir(run, 3).load_latest(warn=pytest.fail)  # loads, its SHA-256 checked
     epoch, done = meta["epoch"], meta["step"]
     assert 0 < done < STEPS, meta
+    print(f"\nhost {cut} cut off: the job ended {ended:.1f} s after the cut, every rank {gone_after:.1f} s after "
+          f"it; resumed from epoch {epoch + 1}, step {done}; {line[0]}")
     before = reads(run, ranks)
     resumed = Job(train(made, data, run, [hosts.host_name(1 - cut)], "-b", 2 * PER_RANK, "--epochs", epoch + 1,
                         "--resume", "auto"), run)

@@ -39,6 +39,9 @@ def unavailable():
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         return f"several hosts on one machine need {', '.join(missing)} (iproute2, util-linux)"
+    trial = subprocess.run(["unshare", "--net", "--uts", "--ipc", "--mount", "true"], capture_output=True, text=True)
+    if trial.returncode != 0:
+        return f"namespaces cannot be made here (a container without CAP_SYS_ADMIN?): {trial.stderr.strip()}"
     return None
 
 
@@ -228,7 +231,8 @@ def _kill_group(pid):
 def main(argv):
     """PYTHONPATH=tests python -m mpi.hosts HOSTS PER_HOST SCRIPT [ARGS...]: SCRIPT (a file of tests/mpi,
     any path ending in .py, or a module) under mpiexec on HOSTS hosts made for it, PER_HOST ranks
-    each; its output and exit status, the hosts removed after."""
+    each, in this folder; its output and exit status, the hosts removed after. /tmp and /dev/shm
+    are each host's own: files the script writes there go with the hosts."""
     if len(argv) < 3 or not argv[0].isdigit() or not argv[1].isdigit():
         sys.exit("usage: PYTHONPATH=tests python -m mpi.hosts HOSTS PER_HOST SCRIPT [ARGS...]")
     if unavailable():
