@@ -9,12 +9,9 @@ little after steps.jsonl shows the epoch's last step, in an evaluation made long
 validation images) that the rank's heartbeat has said so, however fast the machine."""
 import json
 import os
-import queue
 import random
 import re
 import signal
-import subprocess
-import threading
 import time
 
 import pytest
@@ -23,7 +20,8 @@ from minidl.checkpoint import CheckpointDir
 from minidl.data import make_embedded_dataset
 from minidl.distributed import Communicator, watchdog
 from minidl.distributed.watchdog import GRACE_SECONDS
-from mpi import launch
+from mpi import hosts, launch
+from mpi.job import Job
 
 TIMEOUT, WARNING = 8, 3
 FLAGS = ["--model", "resnet20", "-b", 8, "--train-crop-size", 16, "--val-crop-size", 16, "--val-resize-size", 16,
@@ -39,78 +37,19 @@ def data(tmp_path_factory):
 
 @pytest.fixture
 def start_job():
-    """Job(...) that is killed, with every rank, when the test ends however it ends."""
+    """start(data, output_dir, *flags): a Job training on two ranks, killed with every rank when the
+    test ends however it ends."""
     jobs = []
-    yield lambda *args: jobs.append(Job(*args)) or jobs[-1]
+
+    def start(data, output_dir, *flags):
+        jobs.append(Job(launch.start("minidl.train", 2, "--data-path", data, "--output-dir", output_dir, *FLAGS,
+                                     *flags), output_dir))
+        return jobs[-1]
+
+    yield start
     for job in jobs:
         if job.process.poll() is None:
             job.kill()
-
-
-class Job:
-    """A training run of two ranks in the background, its stderr read line by line as it comes."""
-
-    def __init__(self, data, output_dir, *flags):
-        self.output_dir = output_dir
-        self.process = launch.start("minidl.train", 2, "--data-path", data, "--output-dir", output_dir, *FLAGS,
-                                    *flags)
-        self.lines, self.err, self.out = queue.Queue(), [], []
-        threading.Thread(target=self._read, args=(self.process.stderr, self.err, self.lines), daemon=True).start()
-        threading.Thread(target=self._read, args=(self.process.stdout, self.out, None), daemon=True).start()
-
-    @staticmethod
-    def _read(stream, kept, lines):
-        for line in stream:
-            kept.append(line)
-            if lines is not None:
-                lines.put(line)
-
-    def wait_until(self, condition, seconds, what):
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            value = condition()
-            if value:
-                return value
-            assert self.process.poll() is None, f"the job ended before {what}\n{self.output()}"
-            time.sleep(0.005)
-        self.kill()
-        pytest.fail(f"no {what} within {seconds} s\n{self.output()}")
-
-    def ranks(self):
-        path = self.output_dir / "ranks.json"
-        return self.wait_until(lambda: path.exists() and json.loads(path.read_text()), 60, "ranks.json")
-
-    def steps(self):
-        path = self.output_dir / "steps.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def line_naming(self, rank, pid, seconds):
-        """The next stderr line that names `rank` by its pid, or None within `seconds`."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                return None
-            if f"rank {rank} (pid {pid} " in line:
-                return line
-        return None
-
-    def end(self, seconds):
-        try:
-            return self.process.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the job still ran {seconds} s later\n{self.output()}")
-
-    def kill(self):
-        """SIGKILL the launcher's session: mpiexec, its proxies and the ranks (stopped or not)."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def output(self):
-        time.sleep(0.2)  # the readers' last lines
-        return "".join(self.out)[-3000:] + "\n" + "".join(self.err)[-3000:]
 
 
 def epoch_ended(job, seen):
@@ -232,6 +171,27 @@ def test_the_watchdog_changes_no_result(data, tmp_path):
         metrics = json.loads((tmp_path / name / "metrics.jsonl").read_text())
         losses.append((metrics["train_loss"], metrics["val_loss"]))
     assert losses[0] == losses[1]
+
+
+@pytest.mark.slow
+def test_without_thread_multiple_one_line_says_so_and_a_waiting_rank_answers_for_its_host(cluster):
+    """MPI without MPI_THREAD_MULTIPLE (mpi4py asks for 'funneled'): no heartbeat thread may call MPI,
+    so a rank answers other hosts only from inside its waits. 2 hosts × 2 ranks (tests/mpi/hosts.py):
+    rank 2 is stopped; rank 0 learns from host 1's board, which rank 3 sends while it waits for
+    rank 2, that rank 2 is stopped (not unreachable) and what it was doing."""
+    made = cluster(2)
+    data = make_embedded_dataset(made.shared / "data", train_per_class=8, val_per_class=2)
+    job = Job(made.start("minidl.train", 2, "--data-path", data, "--output-dir", made.shared / "run", *FLAGS,
+                         "--epochs", 40, *DEADLINES, env={"MPI4PY_RC_THREAD_LEVEL": "funneled"}), made.shared / "run")
+    pid = job.ranks()[2]["pid"]
+    job.wait_until(lambda: len(job.steps()) >= 4, 60, "four steps")
+    os.kill(pid, signal.SIGSTOP)
+    assert job.end(TIMEOUT + GRACE_SECONDS + 30) != 0, job.output()
+    err = "".join(job.err)
+    assert err.count("no MPI_THREAD_MULTIPLE") == 1, job.output()
+    assert re.search(rf"rank 0 has waited [\d.]+ s in \S+ ?\d* at step \d+; stalled: rank 2 \(pid {pid} on "
+                     rf"{hosts.host_name(1)}; stopped: no heartbeat for [\d.]+ s, last seen (waiting )?in [a-z]+ ?\d* "
+                     rf"at step \d+\); aborting the job", err), job.output()
 
 
 def test_one_rank_arms_nothing_and_its_waits_need_none():

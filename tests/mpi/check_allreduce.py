@@ -1,11 +1,14 @@
 """Under mpiexec -n N: every collective and every all-reduce algorithm against closed forms.
 
+    check_allreduce.py [PER_HOST]   # PER_HOST ranks on each of several hosts (tests/mpi/hosts.py)
+
 Rank r holds values built from small integers and halves, so every sum is exact in float32
 and float64 whatever order the additions take: results must match the closed form bit for
 bit. A random float64 case checks non-exact data to a tolerance, and that every rank ends
 with the same bits. Each collective is called twice on the same objects (reused scratch).
 """
 import os
+import sys
 
 import numpy as np
 from common import Checks
@@ -86,8 +89,9 @@ for ranks_per_node in divisors:
     allreduce = distributed.AllReduce(check_nodes(ranks_per_node), "hierarchical")
     checks.true(allreduce.alignment == ranks_per_node, f"hierarchical alignment {allreduce.alignment}")
     check_allreduce(allreduce, f"hierarchical {ranks_per_node} ranks per node")
-# the world communicator groups by $MINIDL_RANKS_PER_NODE when set, else by the real node (one here)
-per_node = int(os.environ.get("MINIDL_RANKS_PER_NODE", size))
+# the world communicator groups by $MINIDL_RANKS_PER_NODE when set, else by the real node: this
+# machine, or each of the hosts
+per_node = int(os.environ.get("MINIDL_RANKS_PER_NODE", sys.argv[1] if len(sys.argv) > 1 else size))
 check_allreduce(distributed.AllReduce(comm, "hierarchical"), f"hierarchical, {per_node} ranks per node from the environment")
 checks.true((comm.local_rank, comm.local_size, comm.num_nodes) == (rank % per_node, per_node, size // per_node),
             f"world grouping: local rank {comm.local_rank} of {comm.local_size}, {comm.num_nodes} nodes")

@@ -29,29 +29,42 @@ def require_mpi():
         pytest.skip("no mpiexec beside this Python or on PATH: pip install mpich")
 
 
-def start(script, ranks, *args, env=None):
-    """Start tests/mpi/<script>, or module `script` when it is no .py file (python -m), on `ranks`
-    ranks, in a session of its own (kill it with os.killpg); the Popen, stdout and stderr piped as text."""
-    require_mpi()
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("MINIDL_")}
-    environment.update(MINIDL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-                       MINIDL_DEVICE="cpu", **(env or {}))
+def environment(env=None):
+    """This process's environment without MINIDL_ variables, one thread per rank, the CPU, and `env`."""
+    variables = {k: v for k, v in os.environ.items() if not k.startswith("MINIDL_")}
+    variables.update(MINIDL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                     MINIDL_DEVICE="cpu", **(env or {}))
+    return variables
+
+
+def command(script, ranks, *args):
+    """mpiexec -n `ranks` on tests/mpi/<script>, or on module `script` when it is no .py file (python -m)."""
     target = [str(HERE / script)] if script.endswith(".py") else ["-m", script]
-    command = [mpiexec(), "-n", str(ranks), sys.executable, *target, *map(str, args)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environment, start_new_session=True)
+    return [mpiexec(), "-n", str(ranks), sys.executable, *target, *map(str, args)]
+
+
+def start(script, ranks, *args, env=None):
+    """Start `command`'s job in a session of its own (kill it with os.killpg); the Popen, stdout and
+    stderr piped as text."""
+    require_mpi()
+    return subprocess.Popen(command(script, ranks, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=environment(env), start_new_session=True)
 
 
 def run(script, ranks, *args, env=None, timeout=120):
     """Run `script` as `start` does and wait for it; the CompletedProcess (stdout, stderr as text).
     A run that outlives `timeout` seconds is killed, with its whole process group, and fails."""
-    process = start(script, ranks, *args, env=env)
+    return finish(start(script, ranks, *args, env=env), script, timeout)
+
+
+def finish(process, script, timeout):
+    """Wait for a started job; the CompletedProcess, or a failure (the job killed) after `timeout` s."""
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
-        pytest.fail(f"{' '.join(process.args[1:4])} {script} still ran after {timeout} s\n{out}\n{err}")
+        pytest.fail(f"{script} still ran after {timeout} s\n{out}\n{err}")
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
