@@ -2,6 +2,7 @@
 import argparse
 import dataclasses
 import os
+import subprocess
 import sys
 
 from minidl.cli import run_command
@@ -76,6 +77,12 @@ def parse_args(argv):
     p.add_argument("--train-per-class", type=int, default=DEFAULTS.train_per_class)
     p.add_argument("--val-per-class", type=int, default=DEFAULTS.val_per_class)
     p.add_argument("--workers", type=int, default=DEFAULTS.workers, help="data loader processes")
+    p.add_argument("--store", help="a JSON-lines file of finished runs, looked up before training a run and appended "
+                                   "to after (commit it to keep runs across machines)")
+    p.add_argument("--kernels", type=numbers(str), metavar="CORETYPES",
+                   help="OpenBLAS core types (OPENBLAS_CORETYPE, e.g. Haswell,SkylakeX): one computes this study "
+                        "with it; several run part 1 under each in turn, into OUTPUT/kernels/TYPE, and compare "
+                        "them (with --store and --parts 1)")
     return p.parse_args(argv)
 
 
@@ -155,6 +162,49 @@ def use_device(device, argv):
               dict(os.environ, MINIDL_DEVICE="cpu"))
 
 
+def check_kernels(args):
+    for kernel in args.kernels or ():
+        if not kernel.isalnum():
+            raise UserError(f"--kernels {kernel!r} is not an OpenBLAS core type name: use e.g. Haswell,SkylakeX")
+    if args.kernels and len(set(args.kernels)) != len(args.kernels):
+        raise UserError(f"--kernels {','.join(args.kernels)} repeats a core type: list each once")
+    if args.kernels and len(args.kernels) > 1:
+        if args.store is None:
+            raise UserError("--kernels with several core types compares them from the run store: add --store FILE")
+        if set(args.parts) != {1} or args.lr_sweep:
+            raise UserError("--kernels with several core types runs part 1 only: add --parts 1 (and no --lr-sweep)")
+
+
+def use_kernel(kernel, argv):
+    """Compute with OpenBLAS's kernels for the core type `kernel` (None: the one it picks). The core type
+    is read when NumPy loads, so a process started without it starts again with OPENBLAS_CORETYPE set."""
+    from minidl.experiments.large_batch.store import blas_kernel
+    if kernel is None:
+        return
+    if os.environ.get("OPENBLAS_CORETYPE") != kernel:
+        os.execve(sys.executable, [sys.executable, "-m", "minidl.experiments.large_batch", *argv],
+                  dict(os.environ, OPENBLAS_CORETYPE=kernel))
+    chosen = blas_kernel().split()[-1]
+    if chosen.lower() != kernel.lower():
+        raise UserError(f"--kernels {kernel}: OpenBLAS computes with {chosen} kernels instead (a core type it does "
+                        "not know, or one this CPU cannot run): use e.g. Haswell")
+
+
+def part1_per_kernel(kernels, argv, design, output_dir, store):
+    """Part 1 under each kernel in turn, each in a process of its own (the core type is fixed when NumPy
+    loads) writing to OUTPUT/kernels/TYPE and the store; then the comparison, from the store."""
+    from minidl.experiments.large_batch.spread import compare_kernels
+    from minidl.experiments.large_batch.store import Store
+    for kernel in kernels:
+        child = subprocess.run([sys.executable, "-m", "minidl.experiments.large_batch", *argv, "--kernels", kernel,
+                                "--output-dir", str(output_dir / "kernels" / kernel)])
+        if child.returncode:
+            return child.returncode
+    text, paths = compare_kernels(design, Store(store.path).records, output_dir)
+    print(text + "".join(f"{path}\n" for path in paths), end="")
+    return 0
+
+
 def main(argv=None):
     """The study's command line; returns its exit code."""
     return run_command(PROG, f"{__name__}:study_command", sys.argv[1:] if argv is None else argv)
@@ -163,6 +213,7 @@ def main(argv=None):
 def study_command(argv):
     from minidl.experiments.large_batch import study
     from minidl.experiments.large_batch.runs import Interrupted
+    from minidl.experiments.large_batch.store import Store
     try:
         args = parse_args(argv)
         design = design_of(args)
@@ -171,15 +222,21 @@ def study_command(argv):
         if args.tune_batch < N or args.tune_batch & (args.tune_batch - 1) or args.tune_batch > design.train_size:
             raise UserError(f"--tune-batch {args.tune_batch} is not {N}·2^j within the {design.train_size} training "
                             f"images: use e.g. {2 * N}")
+        check_kernels(args)
         use_device(args.device, argv)
         output_dir, cache_dir = (writable(flag, path, folder=True) for flag, path in
                                   (("--output-dir", args.output_dir), ("--cache-dir", args.cache_dir)))
+        store = Store(writable("--store", args.store)) if args.store else None
+        if args.kernels and len(args.kernels) > 1:
+            return part1_per_kernel(args.kernels, argv, design, output_dir, store)
+        use_kernel(args.kernels[0] if args.kernels else None, argv)
         if args.lr_sweep:
-            text, best = study.lr_sweep(design, args.lr_sweep, output_dir, cache_dir, args.tune, args.tune_batch)
+            text, best = study.lr_sweep(design, args.lr_sweep, output_dir, cache_dir, args.tune, args.tune_batch,
+                                        store)
             flag = "--" + study.TUNED[args.tune].replace("_", "-")
             print(text + f"lowest error at η = {best:g} per {N}: run the study with {flag} {best:g}")
             return 0
-        done = study.run_study(design, output_dir, cache_dir, tuple(sorted({1, *args.parts})))
+        done = study.run_study(design, output_dir, cache_dir, tuple(sorted({1, *args.parts})), store)
         paths = study.write_outputs(done, output_dir)
         print(study.markdown(done))
         print("\n".join(map(str, paths)))

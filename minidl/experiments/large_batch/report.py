@@ -57,11 +57,24 @@ def b_star_distribution(errors, size, resamples=RESAMPLES, seed=0):
     same seeds in the same order for every batch; each resample draws `size` seed indices with
     replacement and uses them for every batch (a seed's runs stay together). {batch: fraction}."""
     batches = sorted(errors)
-    table = numpy.array([errors[batch] for batch in batches])  # batches × seeds
-    draws = numpy.random.default_rng(seed).integers(0, table.shape[1], size=(resamples, size))
+    table = numpy.array([errors[batch] for batch in batches]).T[:, None, :]  # seeds × one kernel × batches
+    return b_star_resampled(table, batches, size, resamples, seed)
+
+
+def b_star_resampled(errors, batches, size, resamples=RESAMPLES, seed=0):
+    """B*'s distribution {batch: fraction} over resamples of seeds and kernels: `errors` an array seeds ×
+    kernels × batches, nan where a kernel did not run a seed. Each resample draws `size` seeds with
+    replacement, and for each drawn seed one of the kernels that ran it, uniformly; a seed's batches
+    stay together. With one kernel this is the bootstrap over seeds alone."""
+    ran = ~numpy.isnan(errors[:, :, 0])
+    rng = numpy.random.default_rng(seed)
+    seed_draws = rng.integers(0, errors.shape[0], size=(resamples, size))
+    # a uniform choice among the kernels that ran the drawn seed: the largest of random scores where it ran
+    scores = numpy.where(ran[seed_draws], rng.random((resamples, size, errors.shape[1])), -1.0)
+    kernel_draws = scores.argmax(axis=2)
     counts = collections.Counter()
-    for draw in draws:
-        sample = table[:, draw]
+    for draw_seeds, draw_kernels in zip(seed_draws, kernel_draws):
+        sample = errors[draw_seeds, draw_kernels].T  # batches × size
         std = sample.std(axis=1, ddof=1) if size > 1 else numpy.zeros(len(batches))
         counts[critical_batch(list(zip(batches, sample.mean(axis=1), std)))] += 1
     return {batch: counts[batch] / resamples for batch in batches}
@@ -141,7 +154,7 @@ def error_vs_batch_figure(path, series, b_star, title="Error vs global batch, sa
     reference = Stats.of(first[min(first, key=lambda row: row.batch)])
     axes.axhspan(reference.mean - reference.std, reference.mean + reference.std, color="gray", alpha=0.2,
                  label=f"k·n = {N}: mean ± std")
-    for (label, view), colour in zip(series.items(), ("tab:blue", "tab:orange")):
+    for (label, view), colour in zip(series.items(), ("tab:blue", "tab:orange", "tab:green", "tab:purple")):
         ordered = sorted(view, key=lambda row: row.batch)
         stats = [Stats.of(view[row]) for row in ordered]
         batches.update(row.batch for row in ordered)

@@ -13,6 +13,7 @@ from minidl.config import BASE_DEFAULTS, IMAGENET_PROFILE, Config
 from minidl.data.embedded import EMBEDDED_CLASSES
 from minidl.errors import UserError
 from minidl.experiments.large_batch.rows import config_for
+from minidl.experiments.large_batch.store import blas_kernel, provenance
 from minidl.fileio import write_json_atomic
 from minidl.plot import read_jsonl
 
@@ -49,21 +50,27 @@ def engine_value(key, value):
     return as_json(IMAGENET_PROFILE.get(key, BASE_DEFAULTS.get(key))) if value is None else value
 
 
-def check_settings(run_dir, recorded, settings):
-    """Refuse a run folder made with other settings. A setting the folder's record lacks came to the
-    engine after the run was made: at its default it computes what the run computed; a setting left
-    unset equals the value the engine fills in."""
+def changed_settings(recorded, settings):
+    """The settings in which a run's record differs from `settings`. A setting the record lacks came to
+    the engine after the run was made: at its default it computes what the run computed; a setting
+    left unset equals the value the engine fills in."""
     defaults = as_json(Config().to_dict())
-    changed = sorted(k for k in settings.keys() | recorded.keys()
-                     if engine_value(k, settings.get(k, MISSING))
-                     != engine_value(k, recorded.get(k, defaults.get(k, MISSING))))
+    return sorted(k for k in settings.keys() | recorded.keys()
+                  if engine_value(k, settings.get(k, MISSING))
+                  != engine_value(k, recorded.get(k, defaults.get(k, MISSING))))
+
+
+def check_settings(run_dir, recorded, settings):
+    """Refuse a run folder made with other settings."""
+    changed = changed_settings(recorded, settings)
     if changed:
         raise UserError(f"{run_dir} was made with other settings ({', '.join(changed)}): give another "
                         "--output-dir, or delete that folder to redo the run")
 
 
-def run_once(row, seed, design, data, output_dir):
-    """The result of `row` with `seed` (a dict, `cached` true when nothing was trained)."""
+def run_once(row, seed, design, data, output_dir, store=None):
+    """The result of `row` with `seed` (a dict, `cached` true when nothing was trained): from its run
+    folder, else from `store` (a Store, or None), else trained now and added to both."""
     run_dir = Path(output_dir) / "runs" / f"{row.key}-seed{seed}"
     config = config_for(row, seed, design, data, run_dir)
     config.resolved()  # the engine's checks of the configuration, before anything is written
@@ -72,7 +79,13 @@ def run_once(row, seed, design, data, output_dir):
     if result_path.exists():
         result = read_json(result_path)
         check_settings(run_dir, result["settings"], settings)
+        check_kernel(run_dir, result)
+        keep(store, result)
         return dict(result, cached=True)
+    stored = store and store.find(row.key, seed, blas_kernel(),
+                                  lambda recorded: not changed_settings(recorded, settings))
+    if stored:
+        return dict(stored, cached=True)
     if settings_path.exists():
         check_settings(run_dir, read_json(settings_path), settings)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +93,23 @@ def run_once(row, seed, design, data, output_dir):
     diverged = train_quietly(config, run_dir / "train.log")
     result = result_of(row, seed, design, settings, run_dir, diverged)
     write_json_atomic(result_path, result)
+    keep(store, result)
     return dict(result, cached=False)
+
+
+def check_kernel(run_dir, result):
+    """Refuse a finished run folder of another BLAS kernel: its errors are not this kernel's."""
+    recorded = result.get("kernel", blas_kernel())  # a folder from before kernels were recorded: this one's
+    if recorded != blas_kernel():
+        raise UserError(f"{run_dir} was computed by {recorded}, this process by {blas_kernel()}: give another "
+                        "--output-dir, or the --blas-coretype it was made with")
+
+
+def keep(store, result):
+    """Add a finished run to the store unless it is there (a folder finished before the store was given)."""
+    if store is not None and not store.find(result["row"], result["seed"], blas_kernel(),
+                                            lambda recorded: recorded == result["settings"]):
+        store.add({**provenance(), **result})
 
 
 def train_quietly(config, log_path):
@@ -102,6 +131,6 @@ def result_of(row, seed, design, settings, run_dir, diverged):
     val_error = [100 * (1 - m["val_top1"]) for m in metrics]
     final = 100 * (1 - 1 / len(EMBEDDED_CLASSES)) if diverged else val_error[-1]
     wall = sum(m["seconds"] for m in metrics)
-    return {"row": row.key, "seed": seed, "settings": settings, "val_error": final, "diverged": diverged,
-            "steps": row.steps(design), "wall_seconds": wall, "val_error_curve": val_error,
+    return {"row": row.key, "seed": seed, **provenance(), "settings": settings, "val_error": final,
+            "diverged": diverged, "steps": row.steps(design), "wall_seconds": wall, "val_error_curve": val_error,
             "train_loss_curve": [m["train_loss"] for m in metrics]}

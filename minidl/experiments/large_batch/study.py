@@ -33,12 +33,12 @@ class Sweep:
         seeds = seeds or self.seeds
         return {row: [self.results[row, seed] for seed in seeds] for row in dict.fromkeys(rows or self.rows)}
 
-    def run(self, data, output_dir, bar):
+    def run(self, data, output_dir, bar, store=None):
         """Train what is missing of the sweep; B* from it."""
         pairs = missing(self.rows, self.seeds, self.results)
         bar.total += len(pairs)
         bar.refresh()
-        run_all(pairs, self.design, data, output_dir, self.results, bar)
+        run_all(pairs, self.design, data, output_dir, self.results, bar, store=store)
         self.b_star = report.critical_batch(report.points(self.view()))
 
 
@@ -97,10 +97,11 @@ def missing(rows, seeds, results):
     return [(row, seed) for row in dict.fromkeys(rows) for seed in seeds if (row, seed) not in results]
 
 
-def run_all(pairs, design, data, output_dir, results, bar, label=""):
-    """Each (row, seed) into `results`; one line per run trained now (`label` first)."""
+def run_all(pairs, design, data, output_dir, results, bar, label="", store=None):
+    """Each (row, seed) into `results` (from `store` where it holds them); one line per run trained now
+    (`label` first)."""
     for row, seed in pairs:
-        result = results[row, seed] = run_once(row, seed, design, data, output_dir)
+        result = results[row, seed] = run_once(row, seed, design, data, output_dir, store)
         bar.update(1)
         if not result["cached"]:
             bar.write(f"{label}{row.name}, seed {seed}: val error {result['val_error']:.2f}%"
@@ -108,28 +109,28 @@ def run_all(pairs, design, data, output_dir, results, bar, label=""):
                       f"{result['wall_seconds']:.0f} s")
 
 
-def run_study(design, output_dir, cache_dir, selected=PARTS):
-    """Part 1, then those of parts 2-5 in `selected`."""
+def run_study(design, output_dir, cache_dir, selected=PARTS, store=None):
+    """Part 1, then those of parts 2-5 in `selected` (runs found in `store`, a Store or None, are not trained)."""
     output_dir = Path(output_dir)
     study = Study(design, Sweep(design, design.batch_seeds, {}), Sweep(design.noisy(), design.seeds, {}),
                   selected=selected)
     with tqdm(total=0, desc="large-batch study", unit="run", dynamic_ncols=True) as bar:
         data = dataset(design, cache_dir)
-        study.sweep.run(data, output_dir, bar)
+        study.sweep.run(data, output_dir, bar, store)
         b_star = study.b_star
         study.warmup_rows = warmup_rows(b_star) if 2 in selected else []
         study.control_rows = control_rows(b_star, design) if 3 in selected else []
         study.lars_rows = lars_rows(b_star) if 4 in selected else []
         later = missing(study.warmup_rows + study.control_rows + study.lars_rows, design.seeds, study.sweep.results)
         bar.total += len(later)
-        run_all(later, design, data, output_dir, study.sweep.results, bar)
+        run_all(later, design, data, output_dir, study.sweep.results, bar, store=store)
         if 5 in selected:
             noisy_data, noisy_dir = dataset(study.noisy.design, cache_dir), output_dir / NOISY_FOLDER
-            study.noisy.run(noisy_data, noisy_dir, bar)
+            study.noisy.run(noisy_data, noisy_dir, bar, store)
             study.smoothing_rows = smoothing_rows(study.noisy.b_star, design)
             later = missing(study.smoothing_rows, design.ls_seeds, study.noisy.results)
             bar.total += len(later)
-            run_all(later, study.noisy.design, noisy_data, noisy_dir, study.noisy.results, bar)
+            run_all(later, study.noisy.design, noisy_data, noisy_dir, study.noisy.results, bar, store=store)
     return study
 
 
@@ -208,7 +209,7 @@ def tuning(design, target, rate, batch=N):
     return tuned, Row(batch, opt="lars" if target == "lars" else "sgd")
 
 
-def lr_sweep(design, rates, output_dir, cache_dir, target="sgd", batch=N):
+def lr_sweep(design, rates, output_dir, cache_dir, target="sgd", batch=N, store=None):
     """`batch` (k·n) at each reference rate of `target` (one of TUNED); returns the markdown table and
     the best rate."""
     data = dataset(tuning(design, target, None)[0], cache_dir)
@@ -219,11 +220,12 @@ def lr_sweep(design, rates, output_dir, cache_dir, target="sgd", batch=N):
         for rate in rates:
             tuned, row = tuning(design, target, rate, batch)
             run_all(missing([row], design.seeds, results), tuned, data, sweep_dir / f"{name}lr{rate:g}", results, bar,
-                    label=f"η = {rate:g}: ")
+                    label=f"η = {rate:g}: ", store=store)
             stats[rate] = report.Stats.of([results.pop((row, seed)) for seed in design.seeds])
     best = min(stats, key=lambda rate: stats[rate].mean)
     lines = [f"| η per {N} (k·n = {batch}, {target}) | val error (%) |", "|---|---|"]
     lines += [f"| {rate:g}{' (lowest)' if rate == best else ''} | {stats[rate]} |" for rate in rates]
     text = "\n".join(lines) + "\n"
+    sweep_dir.mkdir(parents=True, exist_ok=True)  # no run folder is made where the store held every run
     (sweep_dir / f"{name}table.md").write_text(text)
     return text, best
