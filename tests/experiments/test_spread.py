@@ -104,7 +104,7 @@ def test_the_kernel_comparison_reads_the_stores_part_1(tmp_path):
                for seed, row in enumerate(errors) for batch, error in zip((32, 64), row)]
     other = dict(records[0], settings=dict(records[0]["settings"], lr=9.0))  # another design: not counted
     text, paths = spread.compare_kernels(design, records + [other], tmp_path)
-    assert "5 complete seeds" in text and "| 32 | 5 |" in text and [p.name for p in paths][:2] == ["kernels.md",
+    assert "5 complete sweeps of 3 seeds" in text and "| 32 | 5 |" in text and [p.name for p in paths][:2] == ["kernels.md",
                                                                                                      "kernels.json"]
     saved = json.loads((tmp_path / "kernels.json").read_text())
     assert saved["errors"]["A"]["2"] == [2.5, 3.5] and list(saved["b_star_by_seed_count"]) == ["3"]

@@ -137,7 +137,8 @@ def compare_kernels(design, records, output_dir):
     b_star = pooled_b_star(table, batches)
     wall = sum(record["wall_seconds"] for runs in found.values() for record in runs.values())
     text = "\n\n".join([
-        f"Part 1 under {len(table)} BLAS kernels ({sum(map(len, table.values()))} complete seeds in all; "
+        f"Part 1 under {len(table)} BLAS kernels ({sum(map(len, table.values()))} complete sweeps of "
+        f"{len({seed for runs in table.values() for seed in runs})} seeds; "
         f"{wall / 3600:.1f} h of training recorded); the rule on every seed of every kernel: B* = {b_star}",
         spread_table(table, batches),
         "B* over resamples of m seeds, each drawn with replacement and computed by one of the kernels that ran it:",
