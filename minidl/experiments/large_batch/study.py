@@ -34,8 +34,9 @@ class Sweep:
         return {row: [self.results[row, seed] for seed in seeds] for row in dict.fromkeys(rows or self.rows)}
 
     def run(self, data, output_dir, bar, store=None):
-        """Train what is missing of the sweep; B* from it."""
-        pairs = missing(self.rows, self.seeds, self.results)
+        """Train what is missing of the sweep, seed by seed (a stopped sweep leaves whole seeds, each a
+        sample of every batch); B* from it."""
+        pairs = sorted(missing(self.rows, self.seeds, self.results), key=lambda pair: self.seeds.index(pair[1]))
         bar.total += len(pairs)
         bar.refresh()
         run_all(pairs, self.design, data, output_dir, self.results, bar, store=store)
