@@ -108,3 +108,10 @@ def test_the_kernel_comparison_reads_the_stores_part_1(tmp_path):
                                                                                                      "kernels.json"]
     saved = json.loads((tmp_path / "kernels.json").read_text())
     assert saved["errors"]["A"]["2"] == [2.5, 3.5] and list(saved["b_star_by_seed_count"]) == ["3"]
+
+
+def test_a_core_type_openblas_did_not_take_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Foo")  # as after the restart: the process already has it
+    assert cli.main(tiny(tmp_path, "--kernels", "Foo", "--parts", "1")) == 2
+    assert f"OpenBLAS computes with {blas_kernel().split()[-1]} kernels instead" in error_line(capsys)
+    assert not (tmp_path / "out" / "runs").exists()  # refused before any run
