@@ -4,7 +4,7 @@ as a distribution over resamples of both.
 A cell is one seed under one kernel with every batch of the sweep run. Across seeds: each kernel's
 standard deviation over its seeds, pooled over kernels (the root of the mean variance). Across
 kernels: each seed's standard deviation over the kernels that ran it, pooled over seeds; it is
-what another machine's rounding alone moves a result by. A resample of m seeds draws m seeds
+what another kernel's rounding alone moves a result by. A resample of m seeds draws m seeds
 with replacement and, for each draw, one of the kernels that ran that seed; the study's rule
 (report.critical_batch) on the m cells gives that resample's B*.
 """
