@@ -54,6 +54,7 @@ WRONG = {
     "a module that is not there": "`minidl.training.no_such_module`",
     "a name the module lacks": "`minidl.distributed.NoSuchReducer`",
     "a bare source file that is not there": "see `conv_v9.cu`",
+    "a function a derivation points at that is not there": "(`minidl/ops/norm.py:no_such_gradient`)",
     "an output file nothing writes": "the run writes `epochs.jsonl`",
     "a variables table missing one": "| `MINIDL_DEVICE` | cpu or gpu |",
 }
