@@ -14,7 +14,7 @@ from pathlib import Path
 
 from test_docs import FENCE, ROOT, defines, python_qualnames
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
@@ -407,8 +407,8 @@ def amp_exists():
 
 def ring_is_the_native_call():
     """`ring` has no inner group: its one stage is the communicator's own all-reduce over the world."""
-    return re.search(r'algorithm == "ring":\s*inner, outer = None, comm\b', source("minidl/distributed/allreduce.py")) \
-        is not None
+    ring_branch = r'(?:algorithm|native_of\(algorithm\)) == "ring":\s*inner, outer = None, comm\b'
+    return re.search(ring_branch, source("minidl/distributed/allreduce.py")) is not None
 
 
 def cache_holds_the_tuner_too():
