@@ -112,7 +112,7 @@ def code_lines(markdown):
         lines += [(first + i, line.split(" #")[0]) for i, line in enumerate(block.splitlines()[1:-1])]
     prose = FENCE.sub(lambda m: "\n" * m.group().count("\n"), markdown)
     for number, line in enumerate(prose.splitlines(), 1):
-        lines += [(number, span) for span in INLINE_CODE.findall(line)]
+        lines += [(number, span.replace("\\|", "|")) for span in INLINE_CODE.findall(line)]  # a table's \| is |
     return lines
 
 

@@ -49,6 +49,7 @@ WRONG = {
     "a trainer flag given to a benchmark": "`python -m minidl.bench step --torus-shape 2x2`",
     "a benchmark's flag given to the trainer": "```bash\nmpiexec -n 4 python -m mpi4py train.py --sizes-mb 1\n```",
     "a value outside the choices": "`--allreduce butterfly`",
+    "choices in a table cell that miss one": "| `--lr-scheduler step\\|poly\\|cosine` | decay after warmup |",
     "a wrong default": "`--collective-timeout SECONDS` (default 60 s)",
     "an unknown variable": "set `MINIDL_NO_SUCH` to 1",
     "a module that is not there": "`minidl.training.no_such_module`",
