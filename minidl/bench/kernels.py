@@ -199,6 +199,10 @@ def _agreement(cupy, torch, ours, theirs):
     return float(cupy.abs(ours - theirs).max() / cupy.maximum(cupy.abs(theirs).max(), 1e-30))
 
 
+class NotRun(Exception):
+    """An operation this run does not measure, and why (the row says "skipped")."""
+
+
 def _measure(rows, row, timer, torch, setup):
     """setup() -> (ours, theirs or None, validate or None): validate, time ours and theirs, add
     the row. An exception anywhere becomes the row's error and the benchmark goes on."""
@@ -213,6 +217,8 @@ def _measure(rows, row, timer, torch, setup):
             row["tflops"] = row["flop"] / row["ms"] / 1e9
         if "bytes" in row:
             row["gbps"] = row["bytes"] / row["ms"] / 1e6
+    except NotRun as why:
+        row["skipped"] = str(why)
     except Exception as error:  # noqa: BLE001 - one operation failing must not end the benchmark
         row["error"] = f"{type(error).__name__}: {error}"
     rows.append(row)
@@ -254,12 +260,21 @@ def ladder_layers(batch):
 
 
 def _ladder_plan(kernels, version, conv_pass, operands, geometry):
-    """The plan of one rung: v0's, v1's, or the first v2 plan offered (None where no v2 tile fits)."""
+    """The plan of one rung: v0's, v1's, or the first v2 plan that the autotuner may run (its
+    canary has validated it on this device); NotRun where there is none."""
     if version == "v0":
         from minidl.kernels.conv_v0 import PLAN
         return PLAN
     offered = [plan for plan in kernels.plans(conv_pass, operands, geometry) if plan.version == version]
-    return offered[0] if offered else None
+    if version == "v2":
+        if kernels.tuner is None:
+            raise NotRun("v2 runs only under the autotuner, after its canary (MINIDL_AUTOTUNE=0 here)")
+        from minidl.kernels.conv_v2 import kernel_kind
+        kernels.tuner.validated()
+        offered = [plan for plan in offered if kernels.tuner.usable(plan, kernel_kind(conv_pass))]
+    if not offered:
+        raise NotRun(f"no {version} tile computes this pass here")
+    return offered[0]
 
 
 def bench_ladder(kernels, cupy, torch, timer, batch, rows, convs=None):
@@ -280,8 +295,6 @@ def bench_ladder(kernels, cupy, torch, timer, batch, rows, convs=None):
                     conv_pass, operands = {"fwd": ("conv_fwd", (x, wt)), "dgrad": ("conv_dgrad", (gy, wt)),
                                            "wgrad": ("conv_wgrad", (x, gy))}[pass_]
                     plan = _ladder_plan(kernels, version, conv_pass, operands, geometry)
-                    if plan is None:
-                        raise LookupError(f"no {version} tile computes this pass")
                     ours = {"fwd": lambda: kernels.conv_forward(x, wt, stride, padding, plan=plan),
                             "dgrad": lambda: kernels.conv_grad_input(gy, wt, x.shape, stride, padding, plan=plan),
                             "wgrad": lambda: kernels.conv_grad_weight(x, gy, wt.shape, stride, padding, plan=plan)}

@@ -9,15 +9,19 @@ from matplotlib.patches import Patch
 
 from minidl.errors import UserError
 from minidl.figures.style import new_figure
-from minidl.plot_timeline import BUCKET_COLOR, PHASE_COLORS, STAGE_COLORS, last_common_step, trace_events
+from minidl.plot_timeline import BUCKET_COLOR, PHASE_COLORS, STAGE_COLORS, from_trace, last_common_step
 from minidl.training import chrome_trace
 
 MODULE_COLORS = ("#55a868", "#8fc79b")  # consecutive backward modules alternate
 
 
 def overlap_figure(path, rank=0):
-    """The figure of `rank` in the trace file at `path` (a UserError where it holds no whole step)."""
-    events = trace_events(path)
+    """The figure of `rank` in the trace file at `path` (a UserError where it is no trace or holds
+    no whole step)."""
+    return from_trace(path, lambda events: _figure(events, rank))
+
+
+def _figure(events, rank):
     found = last_common_step(events)
     if found is None:
         raise UserError("the trace holds no step that every rank traced: trace at least one whole step")

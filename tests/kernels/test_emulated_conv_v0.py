@@ -70,7 +70,8 @@ def test_the_autotuner_never_offers_v0(emulated, dtype, tf32, shape):
 
 def test_the_benchmark_ladder_runs_every_rung(emulated):
     """`python -m minidl.bench kernels`'s ladder on the emulator, PyTorch on the CPU as the oracle:
-    every rung of every pass agrees with PyTorch; v2 has no grad-weight tile (it stays on v1)."""
+    every rung of every pass agrees with PyTorch; v2, which runs only under an autotuner after its
+    canary, is skipped without one (tests/gpu_check.sh --dry-run runs it with one)."""
     import torch
     from minidl.bench import kernels as bench
     rows = []
@@ -83,8 +84,9 @@ def test_the_benchmark_ladder_runs_every_rung(emulated):
         bench.bench_ladder(emulated, numpy, torch, timer, 2, rows, lambda batch: {"1x1": bench.small_convs(batch)["small 1x1"]})
     finally:
         bench.DEVICE = previous
-    assert [r["op"] for r in rows if "error" in r] == ["ladder v2 wgrad"]
-    measured = {(r["op"], r["mode"]): r["max_error_vs_torch"] for r in rows if "error" not in r}
-    assert len(measured) == 3 * 4 - 1
+    assert not [r for r in rows if "error" in r]
+    assert [r["op"] for r in rows if "skipped" in r] == ["ladder v2 fwd", "ladder v2 dgrad", "ladder v2 wgrad"]
+    measured = {(r["op"], r["mode"]): r["max_error_vs_torch"] for r in rows if "skipped" not in r}
+    assert len(measured) == 3 * 3
     for (op, mode), error in measured.items():
         assert error < (2e-3 if mode == "tf32" else 1e-5), (op, mode, error)
