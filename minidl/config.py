@@ -221,9 +221,10 @@ SETTINGS = (
     Setting("lr_warmup_start", ("--lr-warmup-start",), "rate at the first iteration", SCHEDULE, float,
             check=positive, note="the reference --lr"),
 
-    Setting("allreduce", ("--allreduce",), "how ranks sum their gradients", DISTRIBUTED, default="torus2d",
+    Setting("allreduce", ("--allreduce",), "how ranks sum their gradients (ring-p2p, torus2d-p2p: ring and "
+            "torus2d from point-to-point steps, slower, for study)", DISTRIBUTED, default="torus2d",
             choices=ALGORITHMS),
-    Setting("torus_shape", ("--torus-shape",), "XxY grid of ranks for torus2d", DISTRIBUTED, check=torus_shape,
+    Setting("torus_shape", ("--torus-shape",), "XxY grid of ranks for torus2d(-p2p)", DISTRIBUTED, check=torus_shape,
             note="the cost model's fastest for the nodes and buckets"),
     Setting("bucket_mb", ("--bucket-mb",), "gradient buckets reduced during backward (0: one, after backward)",
             DISTRIBUTED, float, default=25.0, check=non_negative),

@@ -25,8 +25,14 @@ BUCKET_COLOR = "#f0e0c8"
 def draw_trace(path):
     """The figure of the trace file at `path` (None: it has no step); a UserError where the file
     is no trace written by --trace-steps."""
+    return from_trace(path, timeline_figure)
+
+
+def from_trace(path, draw):
+    """draw(the complete ("X") events of the trace file at `path`); a UserError where the file
+    is no trace written by --trace-steps."""
     try:
-        return timeline_figure([e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"])
+        return draw([e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise UserError(f"{path} is not a trace written by --trace-steps ({type(error).__name__}: {error}): "
                         "delete it or trace again")

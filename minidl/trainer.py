@@ -18,6 +18,7 @@ from minidl import amp, distributed, environment, kernels
 from minidl.backend import on_gpu, synchronize
 from minidl.checkpoint import CheckpointDir
 from minidl.distributed import watchdog
+from minidl.distributed.allreduce import on_grid
 from minidl.distributed.grid import bucket_sizes
 from minidl.errors import UserError
 from minidl.training import parts
@@ -61,7 +62,7 @@ class Trainer:
         self.model = build_model(config, len(self.data.train_set.classes))
         agree_on_kernel_plans(comm)
         shape = distributed.parse_shape(config.torus_shape) if config.torus_shape else None
-        self.grid = self._choose_grid(shape) if config.allreduce == "torus2d" and comm.size > 1 else None
+        self.grid = self._choose_grid(shape) if on_grid(config.allreduce) and comm.size > 1 else None
         self.allreduce = distributed.AllReduce(comm, config.allreduce, self.grid.shape if self.grid else shape)
         distributed.broadcast_state(comm, self.model.state_dict().values())
         self.optimizer = build_optimizer(config, self.model, math.lcm(1024, self.allreduce.alignment))

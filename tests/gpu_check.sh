@@ -30,7 +30,8 @@
 #   gpu_tests      85 s   the bf16 and CUDA-graph cases, fp32           gpu_tests.json
 #                         convolutions, batch norm, pooling, loss,
 #                         SGD, a whole ResNet-50 step vs the CPU
-#   bench_kernels  40 s   python -m minidl.bench kernels                bench_kernels.json
+#   bench_kernels  40 s   python -m minidl.bench kernels (with the      bench_kernels.json
+#                         conv ladder v0, v1, v2 on two layers)
 #   bench_step     50 s   ResNet-50, batch 256, 224x224, --amp          bench_step.json
 #                         --cuda-graph, against PyTorch eager (cuDNN,
 #                         bf16 autocast, channels_last); the times

@@ -16,6 +16,7 @@ import numpy
 
 from minidl import distributed
 from minidl.distributed import costmodel, grid
+from minidl.distributed.allreduce import on_grid
 from minidl.errors import UserError
 from minidl.fileio import writable
 
@@ -26,7 +27,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m minidl.bench allreduce", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes-mb", default="1,2,5,10,20,50,100", help="buffer sizes in MiB (comma-separated)")
     parser.add_argument("--algorithms", default="ring,hierarchical,torus2d", help="comma-separated")
-    parser.add_argument("--torus-shape", default=None, help="XxY for torus2d (default: the squarest)")
+    parser.add_argument("--torus-shape", default=None, help="XxY for torus2d(-p2p) (default: the squarest)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--repeat", type=int, default=10, help="timed calls per algorithm and size")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -59,7 +60,7 @@ def measure(comm, args):
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     reducers = {"native": comm.allreduce}  # MPI_Allreduce, what `ring` calls
     for name in algorithms:
-        allreduce = distributed.AllReduce(comm, name, shape if name == "torus2d" else None)
+        allreduce = distributed.AllReduce(comm, name, shape if on_grid(name) else None)
         reducers[allreduce.name] = allreduce
     dtype = numpy.dtype(args.dtype)
     rows = []
@@ -165,18 +166,13 @@ def print_calibration(path):
     print(f"{'size':>8}  {'algorithm':<14} {'measured ms':>12} {'model ms':>9}")
     for row in rows:
         phases = model_of(row["algorithm"], machine, ranks, row["local_size"], row["bytes"])
-        if phases is not None:
-            print(f"{row['bytes'] / MB:>5g}MiB  {row['algorithm']:<14} {row['seconds'] * 1e3:>12.2f} "
-                  f"{costmodel.seconds(phases, machine) * 1e3:>9.2f}")
+        print(f"{row['bytes'] / MB:>5g}MiB  {row['algorithm']:<14} {row['seconds'] * 1e3:>12.2f} "
+              f"{costmodel.seconds(phases, machine) * 1e3:>9.2f}")
 
 
 def model_of(algorithm, machine, ranks, local_size, nbytes):
-    """The modelled phases of a benchmark row's algorithm, or None where the model has none."""
-    if algorithm in ("native", "ring"):
-        return costmodel.ring(machine, ranks, nbytes)
-    if algorithm.startswith("torus2d"):
-        x, y = (int(v) for v in algorithm.split()[1].split("x"))
-        return costmodel.torus(machine, x, y, nbytes)
-    if algorithm == "hierarchical":
-        return costmodel.torus(machine, local_size, ranks // local_size, nbytes)
-    return None
+    """The modelled phases of a benchmark row's algorithm ('native', or an AllReduce.name such as
+    'torus2d 2x4')."""
+    name, _, grid_text = algorithm.partition(" ")
+    shape = tuple(int(v) for v in grid_text.split("x")) if grid_text else None
+    return costmodel.of_algorithm("ring" if name == "native" else name, machine, ranks, nbytes, shape, local_size)

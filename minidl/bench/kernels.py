@@ -2,7 +2,8 @@
 
 Convolutions (forward, grad-input, grad-weight), batch norm and the fused SGD update, each
 validated against PyTorch and then timed, next to the device's ceiling and, when PyTorch is
-importable, cuDNN / PyTorch's CUDA kernels. GPU only: on a CPU it says so and exits 2, unless
+importable, cuDNN / PyTorch's CUDA kernels; the v0 → v1 → v2 ladder of convolution kernels on
+two layers. GPU only: on a CPU it says so and exits 2, unless
 an emulated device is in charge of NumPy arrays (MINIDL_DEVICE_KERNELS; `--shapes small`).
 
 Details: docs/ops.md, "minidl/bench/kernels.py".
@@ -28,6 +29,9 @@ RESNET50_STAGES = ((64, 3), (128, 4), (256, 6), (512, 3))  # (planes, blocks), v
 PARAMETERS_RESNET50 = RESNET50_GRADIENT_BYTES // 4
 DEVICE = "cuda"  # PyTorch's device for the peers ("cpu" beside an emulated device)
 SMALL_PARAMETERS = 4096  # the SGD buffer of --shapes small
+LADDER_LAYERS = ("layer1.0.conv2", "layer3.1.conv2")  # the ladder's ResNet-50 layers: 3x3, 56² and 14²
+# (kernel version, mode) of each rung: plain fp32 on v0 and v1's fp32 tile, then TF32 tensor cores
+LADDER = (("v0", "fp32"), ("v1", "fp32"), ("v1", "tf32"), ("v2", "tf32"))
 
 
 def device_kernels():
@@ -195,6 +199,10 @@ def _agreement(cupy, torch, ours, theirs):
     return float(cupy.abs(ours - theirs).max() / cupy.maximum(cupy.abs(theirs).max(), 1e-30))
 
 
+class NotRun(Exception):
+    """An operation this run does not measure, and why (the row says "skipped")."""
+
+
 def _measure(rows, row, timer, torch, setup):
     """setup() -> (ours, theirs or None, validate or None): validate, time ours and theirs, add
     the row. An exception anywhere becomes the row's error and the benchmark goes on."""
@@ -209,6 +217,8 @@ def _measure(rows, row, timer, torch, setup):
             row["tflops"] = row["flop"] / row["ms"] / 1e9
         if "bytes" in row:
             row["gbps"] = row["bytes"] / row["ms"] / 1e6
+    except NotRun as why:
+        row["skipped"] = str(why)
     except Exception as error:  # noqa: BLE001 - one operation failing must not end the benchmark
         row["error"] = f"{type(error).__name__}: {error}"
     rows.append(row)
@@ -241,6 +251,56 @@ def bench_convs(kernels, cupy, torch, timer, modes, batch, rows, convs=None):
                 row = {"op": f"conv {pass_}", "layer": name, "mode": mode, "tile": tile,
                        "flop": 2.0 * n * p * p * k * r * r * c}
                 _measure(rows, row, timer, torch, setup)
+    kernels.allow_tf32 = True
+
+
+def ladder_layers(batch):
+    """The ResNet-50 layers the ladder runs: {name: (N, H, W, C, K, R, stride, padding)}."""
+    return {name: shape for name, shape in resnet50_convs(batch).items() if name.startswith(LADDER_LAYERS)}
+
+
+def _ladder_plan(kernels, version, conv_pass, operands, geometry):
+    """The plan of one rung: v0's, v1's, or the first v2 plan that the autotuner may run (its
+    canary has validated it on this device); NotRun where there is none."""
+    if version == "v0":
+        from minidl.kernels.conv_v0 import PLAN
+        return PLAN
+    offered = [plan for plan in kernels.plans(conv_pass, operands, geometry) if plan.version == version]
+    if version == "v2":
+        if kernels.tuner is None:
+            raise NotRun("v2 runs only under the autotuner, after its canary (MINIDL_AUTOTUNE=0 here)")
+        from minidl.kernels.conv_v2 import kernel_kind
+        kernels.tuner.validated()
+        offered = [plan for plan in offered if kernels.tuner.usable(plan, kernel_kind(conv_pass))]
+    if not offered:
+        raise NotRun(f"no {version} tile computes this pass here")
+    return offered[0]
+
+
+def bench_ladder(kernels, cupy, torch, timer, batch, rows, convs=None):
+    """Each pass of each layer of `convs` (ladder_layers by default) on every rung of LADDER, the
+    kernel version forced by its plan; validated against PyTorch, then timed (rows "ladder v0
+    fwd", ...; PyTorch is not timed here)."""
+    from minidl.kernels.conv import conv_geometry
+    for name, shape in (convs or ladder_layers)(batch).items():
+        n, h, w, c, k, r, stride, padding = shape
+        geometry = conv_geometry((n, h, w, c), (k, r, r, c), stride, padding)
+        flop = 2.0 * n * geometry[7] * geometry[8] * k * r * r * c
+        for pass_ in ("fwd", "dgrad", "wgrad"):
+            for version, mode in LADDER:
+                def setup(pass_=pass_, shape=shape, mode=mode, version=version):
+                    tensors, theirs = _torch_conv(torch, mode, shape, pass_)
+                    x, wt, gy = (_to_cupy(cupy, torch, t) for t in tensors)
+                    kernels.allow_tf32 = mode == "tf32"
+                    conv_pass, operands = {"fwd": ("conv_fwd", (x, wt)), "dgrad": ("conv_dgrad", (gy, wt)),
+                                           "wgrad": ("conv_wgrad", (x, gy))}[pass_]
+                    plan = _ladder_plan(kernels, version, conv_pass, operands, geometry)
+                    ours = {"fwd": lambda: kernels.conv_forward(x, wt, stride, padding, plan=plan),
+                            "dgrad": lambda: kernels.conv_grad_input(gy, wt, x.shape, stride, padding, plan=plan),
+                            "wgrad": lambda: kernels.conv_grad_weight(x, gy, wt.shape, stride, padding, plan=plan)}
+                    return ours[pass_], None, lambda: _agreement(cupy, torch, ours[pass_](), theirs())
+                _measure(rows, {"op": f"ladder {version} {pass_}", "layer": name, "mode": mode, "flop": flop},
+                         timer, torch, setup)
     kernels.allow_tf32 = True
 
 
@@ -330,15 +390,15 @@ def summarize(rows, ceilings):
 
 def format_table(rows, ceilings, summary):
     lines = ["device ceilings: " + ", ".join(f"{k} {v:.0f}" for k, v in ceilings.items() if v),
-             f"{'op':10} {'layer':34} {'mode':5} {'ms':>8} {'rate':>13} {'of ceil':>8} {'torch ms':>9} "
+             f"{'op':16} {'layer':34} {'mode':5} {'ms':>8} {'rate':>13} {'of ceil':>8} {'torch ms':>9} "
              f"{'vs torch':>8} {'err':>8}"]
     for r in rows:
         if "skipped" in r or "error" in r:
-            lines.append(f"{r['op']:10} {r['layer'][:34]:34} {r['mode']:5} {r.get('skipped') or r['error']}")
+            lines.append(f"{r['op']:16} {r['layer'][:34]:34} {r['mode']:5} {r.get('skipped') or r['error']}")
             continue
         rate = f"{r['tflops']:.1f} TFLOP/s" if "tflops" in r else f"{r['gbps']:.0f} GB/s"
         share = r.get("of_peak", r.get("of_copy_bandwidth"))
-        lines.append(f"{r['op']:10} {r['layer'][:34]:34} {r['mode']:5} {r['ms']:8.3f} {rate:>13} "
+        lines.append(f"{r['op']:16} {r['layer'][:34]:34} {r['mode']:5} {r['ms']:8.3f} {rate:>13} "
                      f"{'' if share is None else f'{share:.0%}':>8} {r.get('torch_ms', float('nan')):9.3f} "
                      f"{r.get('vs_torch', float('nan')):8.2f} {r.get('max_error_vs_torch', float('nan')):8.1e}")
     lines += [f"{k}: {v:.2f}" for k, v in summary.items()]
@@ -351,7 +411,8 @@ def parse_args(argv):
     p.add_argument("--runs", type=int, default=20, help="timed runs per operation (the median is reported)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--modes", default="tf32,bf16", help="comma-separated: tf32 (fp32 data), bf16, fp32 (exact)")
-    p.add_argument("--only", default="conv,bn,sgd", help="comma-separated: conv, bn, sgd")
+    p.add_argument("--only", default="conv,bn,sgd,ladder",
+                   help="comma-separated: conv, bn, sgd, ladder (convolution kernels v0, v1, v2 side by side)")
     p.add_argument("--shapes", choices=("resnet50", "small"), default="resnet50",
                    help="ResNet-50's layers at --batch-size, or a few tiny ones (for an emulated device)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
@@ -402,7 +463,7 @@ def main(argv):
     if args.json not in (None, "-"):  # the device and its ceilings, before the first operation
         write_json_atomic(args.json, report)
     only = set(args.only.split(","))
-    if torch is None and only & {"conv", "bn"}:
+    if torch is None and only & {"conv", "bn", "ladder"}:
         print("PyTorch is not importable: convolutions and batch norm need it for their inputs and "
               "validation; only SGD is measured", file=sys.stderr)
     if torch is not None and "conv" in only:
@@ -412,6 +473,8 @@ def main(argv):
                           small_batch_norms if small else None)
     if "sgd" in only:
         bench_sgd(kernels, cupy, torch, timer, rows, SMALL_PARAMETERS if small else None)
+    if torch is not None and "ladder" in only:
+        bench_ladder(kernels, cupy, torch, timer, args.batch_size, rows, small_convs if small else None)
     report["rows"], report["summary"] = list(rows), summarize(list(rows), ceilings)
     if args.json == "-":
         print(json.dumps(report))

@@ -2,7 +2,9 @@
 
 ring is one native all-reduce; hierarchical (node, then across nodes) and torus2d (Mikami et
 al. 2018: rows, then columns of an X×Y grid, fewer latency steps than the ring for the same
-bytes) are one two-level scheme written once. A `Plan` is one all-reduce of one buffer, stage
+bytes) are one two-level scheme written once. ring-p2p and torus2d-p2p are ring and torus2d
+with every group's collective written out as point-to-point ring steps (minidl/distributed/p2p.py),
+for study. A `Plan` is one all-reduce of one buffer, stage
 by stage, so that the gradient reducer can overlap it with backward.
 
 Details: docs/distributed.md, "minidl/distributed/allreduce.py".
@@ -12,23 +14,30 @@ from typing import NamedTuple
 from minidl.backend import get_array_module
 from minidl.distributed.comm import DONE
 from minidl.distributed.grid import check_shape, square_grid
+from minidl.distributed.p2p import RingP2P, native_of
 from minidl.errors import UserError
 from minidl.intmath import round_up
 
-ALGORITHMS = ("ring", "hierarchical", "torus2d")
+ALGORITHMS = ("ring", "hierarchical", "torus2d", "ring-p2p", "torus2d-p2p")
+
+
+def on_grid(algorithm):
+    """Whether `algorithm` arranges the ranks in an X×Y grid (torus2d and torus2d-p2p)."""
+    return native_of(algorithm) == "torus2d"
 
 
 class AllReduce:
     def __init__(self, comm, algorithm="torus2d", shape=None):
         """Collective over `comm`: every rank must construct it at the same point, with the same
-        arguments. `shape` = (X, Y) for torus2d; None takes `square_grid(comm.size)`."""
+        arguments. `shape` = (X, Y) for torus2d(-p2p); None takes `square_grid(comm.size)`."""
         if algorithm not in ALGORITHMS:
             raise UserError(f"all-reduce algorithm {algorithm!r} does not exist: choose one of {', '.join(ALGORITHMS)}")
-        if shape is not None and algorithm != "torus2d":
-            raise UserError(f"a torus shape was given for the {algorithm} all-reduce: it only applies to torus2d")
+        if shape is not None and not on_grid(algorithm):
+            raise UserError(f"a torus shape was given for the {algorithm} all-reduce: it only applies to torus2d "
+                            "and torus2d-p2p")
         self.comm, self.algorithm = comm, algorithm
-        self.shape = check_shape(shape or square_grid(comm.size), comm.size) if algorithm == "torus2d" else None
-        if algorithm == "ring":
+        self.shape = check_shape(shape or square_grid(comm.size), comm.size) if on_grid(algorithm) else None
+        if native_of(algorithm) == "ring":
             inner, outer = None, comm
             self.groups = (None, "world")
         elif algorithm == "hierarchical":
@@ -46,12 +55,15 @@ class AllReduce:
         self.inner = inner.dup() if inner is not None else None
         self.inner_gather = inner.dup() if inner is not None else None
         self.outer = outer.dup() if outer is not None else None
+        if native_of(algorithm) != algorithm:  # the same stages, each a ring of sends and receives
+            self.inner, self.inner_gather, self.outer = (RingP2P(group) if group is not None else None for group in
+                                                         (self.inner, self.inner_gather, self.outer))
         self.alignment = inner.size if inner is not None else 1
         self._scratch = {}
 
     @property
     def name(self):
-        """'ring', 'hierarchical' or 'torus2d XxY'."""
+        """'ring', 'hierarchical', 'torus2d XxY', 'ring-p2p' or 'torus2d-p2p XxY'."""
         return f"{self.algorithm} {self.shape[0]}x{self.shape[1]}" if self.shape else self.algorithm
 
     def __repr__(self):

@@ -146,7 +146,7 @@ class Communicator:
 
     def _transport(self, op, src, dst):
         """Who carries this collective: None when this rank is alone (then it is done here)."""
-        _check(op, src, dst, self.size)
+        check_arguments(op, src, dst, self.size)
         if self.size == 1:
             if dst is not src:
                 dst[...] = src
@@ -240,7 +240,7 @@ class _Done:
 DONE = _Done()
 
 
-def _check(op, src, dst, size):
+def check_arguments(op, src, dst, size):
     if op not in OPERATIONS:
         raise ValueError(f"unknown collective {op!r}: choose one of {', '.join(OPERATIONS)}")
     if src.dtype != dst.dtype:

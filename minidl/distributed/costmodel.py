@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy
 
+from minidl.distributed.p2p import native_of
+
 RESNET50_GRADIENT_BYTES = 25_557_032 * 4  # ResNet-50's parameters in fp32 (minidl's = torchvision's)
 
 
@@ -92,6 +94,22 @@ def hierarchical(machine, ranks, nbytes):
     """Reduce-scatter in the node, all-reduce across nodes on 1/g, all-gather in the node:
     the torus whose rows are the nodes."""
     return torus(machine, machine.gpus_per_node, ranks // machine.gpus_per_node, nbytes)
+
+
+def of_algorithm(algorithm, machine, ranks, nbytes, shape=None, per_node=None):
+    """The phases of `--allreduce algorithm` on `ranks` ranks: ring and ring-p2p are `ring` (the
+    p2p one takes exactly its 2(N−1) steps; the native call is taken to), torus2d and torus2d-p2p
+    `torus` on `shape` = (X, Y), hierarchical the torus whose rows are nodes of `per_node`
+    ranks (default: the machine's GPUs per node)."""
+    name = native_of(algorithm)
+    if name == "ring":
+        return ring(machine, ranks, nbytes)
+    if name == "torus2d":
+        return torus(machine, *shape, nbytes)
+    if name == "hierarchical":
+        per_node = per_node or machine.gpus_per_node
+        return torus(machine, per_node, ranks // per_node, nbytes)
+    raise ValueError(f"the cost model has no all-reduce {algorithm!r}")
 
 
 def seconds(phases, machine):

@@ -36,7 +36,7 @@ TOLD_FAILURES = 6  # kernel names in the validation's line (every one is in the 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How one convolution pass runs: kernel version, tile, and the split of its reduction."""
-    version: str  # "v1" or "v2"
+    version: str  # "v1" or "v2" (or "v0", the naive kernel, only where a caller names it)
     tile: str     # a tile name of minidl.kernels.conv or conv_v2
     splits: int = 1
 

@@ -11,7 +11,7 @@ import numpy
 
 from minidl.backend import BF16, get_array_module
 from minidl.intmath import ceil_div
-from minidl.kernels import conv_v2
+from minidl.kernels import conv_v0, conv_v2
 from minidl.kernels.conv_v2 import PASSES
 from minidl.kernels.autotune import TOLERANCE, Plan
 from minidl.kernels.launch import Launcher, cxx_type, data_address, i32
@@ -118,6 +118,8 @@ class ConvKernels(Launcher):
         if plan.version == "v2":
             conv_v2.launch(self, conv_pass, conv_v2.TILES[plan.tile], plan.splits, geometry, *operands, out)
             return out
+        if plan.version == "v0":  # only when asked for: plans() never offers it
+            return conv_v0.launch(self, conv_pass, geometry, *operands, out)
         return self._run_v1(conv_pass, TILES[plan.tile], plan.splits, geometry, operands, out)
 
     def tuned_plan(self, conv_pass, operands, geometry, candidates, run, fusion=None, outputs=None):

@@ -54,6 +54,7 @@ def main(argv=None, prog="minidl-plan"):
 def plan(argv, prog):
     """The command line's work; user errors go to run_command's handler."""
     from minidl.fileio import writable, write_json_atomic
+    from minidl.distributed.p2p import native_of
     from minidl.plan import report, run
     args = build_parser(prog).parse_args(argv)
     json_path = writable("--json", args.json) if args.json else None
@@ -62,7 +63,8 @@ def plan(argv, prog):
     runs = run.simulate_run(setup, rows)
     about = header(args, config, setup, runs)
     print(report.text(about, runs))
-    chosen = next(r for r in runs if r.algorithm.label.split()[0] == config.allreduce)
+    # a p2p all-reduce runs the stages of its native one, and the model prices them alike
+    chosen = next(r for r in runs if r.algorithm.label.split()[0] == native_of(config.allreduce))
     first = (rows[0]["per_rank_batch"], rows[0]["accum_steps"])
     if json_path:
         write_json_atomic(json_path, {"about": about, "world_size": setup.world_size, "model": setup.model,

@@ -2,7 +2,7 @@
 
 `RecordingComm` runs nothing: it stands for every rank of its group at once (`rank` holds each
 member's rank, so `split(color, key)` sees every member's color and key) and keeps the groups it
-is split into. The engine's `AllReduce` builds its groups and plans on it, and its
+is split into, as one member (`focus`, the first by default) sees them. The engine's `AllReduce` builds its groups and plans on it, and its
 `GradientReducer` cuts the real model's flat gradient buffer into buckets: the stages priced here
 come from the code that runs them.
 
@@ -18,9 +18,10 @@ from minidl.optim import FlatParameters
 
 
 class RecordingComm:
-    def __init__(self, ranks, gpus_per_node):
+    def __init__(self, ranks, gpus_per_node, focus=0):
         self.ranks = numpy.asarray(ranks)  # the world ranks of the members, in group order
         self.gpus_per_node = gpus_per_node
+        self.focus = focus  # the member whose groups split() keeps
         self.size = len(self.ranks)
         self.rank = numpy.arange(self.size)  # every member's rank at once
         nodes = self.ranks // gpus_per_node
@@ -32,17 +33,18 @@ class RecordingComm:
         return f"RecordingComm({self.size} ranks, {self.per_node} per node)"
 
     def split(self, color, key):
-        """The group of the first member: the members whose color is its color, ordered by key."""
+        """The focus member's group: the members whose color is its color, ordered by key."""
         color, key = numpy.broadcast_to(color, self.size), numpy.broadcast_to(key, self.size)
         sizes = numpy.unique(color, return_counts=True)[1]
         if len(set(sizes.tolist())) > 1:
             raise ValueError(f"a split of {self.size} ranks into groups of {sorted(set(sizes.tolist()))}: "
                              "the simulation models groups of one size")
-        members = numpy.flatnonzero(color == color[0])
-        return RecordingComm(self.ranks[members[numpy.argsort(key[members], kind="stable")]], self.gpus_per_node)
+        members = numpy.flatnonzero(color == color[self.focus])
+        members = members[numpy.argsort(key[members], kind="stable")]
+        return RecordingComm(self.ranks[members], self.gpus_per_node, int(numpy.flatnonzero(members == self.focus)[0]))
 
     def dup(self):
-        return RecordingComm(self.ranks, self.gpus_per_node)
+        return RecordingComm(self.ranks, self.gpus_per_node, self.focus)
 
     @property
     def node_comm(self):

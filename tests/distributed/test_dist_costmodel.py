@@ -118,3 +118,16 @@ def test_a_given_grid_overrides_the_model():
 def test_the_layout_comes_from_the_node_communicator():
     assert run_checks("check_grid.py", 8, timeout=90).startswith("8 ranks passed")
     assert run_checks("check_grid.py", 4, env={"MINIDL_RANKS_PER_NODE": "2"}, timeout=90).startswith("4 ranks passed")
+
+
+def test_every_allreduce_flag_has_its_cost_model_entry():
+    """of_algorithm covers every --allreduce name; a p2p algorithm costs its native one's rounds,
+    2(N−1) for the ring and 2(X−1)+2(Y−1) for the torus (counted by the mpiexec test in the code)."""
+    from minidl.distributed import ALGORITHMS
+    for name in ALGORITHMS:
+        assert costmodel.seconds(costmodel.of_algorithm(name, costmodel.ABCI, 16, 1e8, (4, 4)), costmodel.ABCI) > 0
+    assert costmodel.of_algorithm("ring-p2p", costmodel.ABCI, 16, 1e8) == costmodel.ring(costmodel.ABCI, 16, 1e8)
+    assert costmodel.steps(costmodel.of_algorithm("ring-p2p", costmodel.ABCI, 16, 1e8)) == 2 * 15
+    assert costmodel.steps(costmodel.of_algorithm("torus2d-p2p", costmodel.ABCI, 24, 1e8, (4, 6))) == 2 * 3 + 2 * 5
+    with pytest.raises(ValueError, match="no all-reduce"):
+        costmodel.of_algorithm("butterfly", costmodel.ABCI, 4, 1e6)

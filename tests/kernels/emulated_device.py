@@ -24,7 +24,7 @@ from minidl import environment, kernels
 from minidl.kernels import autotune, conv_v2, loader
 
 EMULATED_MULTIPROCESSORS = 2  # small: grids and split-K take their multi-block paths on small shapes
-FAMILIES = ("conv_v2", "conv", "batchnorm", "pool", "softmax_xent", "sgd", "amp")  # the slowest to compile first
+FAMILIES = ("conv_v2", "conv", "batchnorm", "pool", "softmax_xent", "sgd", "amp", "conv_v0")  # the slowest to compile first
 BREAKS = ("v2", "v2-wrong", "v2-hang")
 CUDA_VERSION = "emu"
 
