@@ -28,10 +28,10 @@
 
 #include "ptx.cuh"
 
+#ifndef MINIDL_PTX_EMULATED
+
 // the descriptor's layout_type field (bits 62-63)
 enum class Swizzle : unsigned { None = 0, B128 = 1, B64 = 2, B32 = 3 };
-
-#ifndef MINIDL_PTX_EMULATED
 
 #ifdef __CUDACC_RTC__
 using uint64_t = unsigned long long;
@@ -166,6 +166,10 @@ __device__ __forceinline__ void mbarrier_arrive(SharedAddress bar) {
 // raises the phase's transaction count by `bytes`, then arrives
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(SharedAddress bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// lowers the phase's transaction count by `bytes` (what a bulk copy does as its bytes land)
+__device__ __forceinline__ void mbarrier_complete_tx(SharedAddress bar, unsigned bytes) {
+    asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 // whether the phase of parity `parity` has completed (may wait a while in hardware first)
 __device__ __forceinline__ bool mbarrier_try_wait_parity(SharedAddress bar, unsigned parity) {
