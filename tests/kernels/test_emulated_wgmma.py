@@ -248,3 +248,17 @@ def test_nvcc_compiles_the_selftest_for_sm_90a(tmp_path):
                              str(unit)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "error" not in result.stderr.lower()
+
+
+def test_nvrtc_compiles_the_selftest_for_sm_90a():
+    """The spelling CuPy's NVRTC path needs for wgmma: -arch=sm_90a (sm_90 rejects it)."""
+    import test_nvrtc
+    from minidl.kernels import loader
+    library = test_nvrtc.find_libnvrtc()
+    if library is None:
+        pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
+    options = [*loader.compile_options({}), f"-I{Path(SOURCE).parent}", "-arch=sm_90a",
+               "--device-as-default-execution-space", "-ftz=true"]
+    ok, log, lowered = test_nvrtc.Nvrtc(library).compile(Path(SOURCE).read_text(), "wgmma_selftest.cu", options, KERNELS)
+    assert ok, log[-4000:]
+    assert set(lowered) == set(KERNELS)
