@@ -1,10 +1,9 @@
 """The emulation of kernels/wgmma.cuh (emu/wgmma_emu.h) against the PTX ISA, on the kernels of
-wgmma_selftest.cu: wgmma products from shared-memory images laid out here by a NumPy model of the
-ISA's canonical layouts (CuTe shapes and strides, the Swizzle<B,4,3> XOR) against A·B in NumPy,
+wgmma_selftest.cu: wgmma products from shared-memory images laid out by a NumPy model of the
+ISA's canonical layouts (wgmma_layouts.py: CuTe shapes and strides, the Swizzle<B,4,3> XOR) against A·B,
 the accumulator fragment map, the mbarrier phase walk and a cp.async pipeline on mbarriers, and
 each misuse the emulation promises to report; and nvcc compiling the kernels for sm_90a."""
 import shutil
-import sys
 import subprocess
 from pathlib import Path
 
@@ -12,16 +11,14 @@ import numpy
 import pytest
 
 import emulator
+import wgmma_layouts
 
 SOURCE = str(Path(__file__).resolve().parent / "wgmma_selftest.cu")
 SHAPES = (8, 64, 128)
 PRODUCTS = tuple(f"wgmma_product<{n}, {ta}, {tb}, false>" for n in SHAPES for ta in ("false", "true")
                  for tb in ("false", "true")) + tuple(f"wgmma_product<64, false, {tb}, true>" for tb in ("false", "true"))
 KERNELS = PRODUCTS + ("wgmma_misuse", "mbarrier_phases", "mbarrier_pipeline", "register_budget")
-SWIZZLE_BYTES = {0: 16, 1: 128, 2: 64, 3: 32}  # the descriptor's mode: its row bytes W (16: no swizzle)
-SWIZZLE_BITS = {0: 0, 1: 3, 2: 2, 3: 1}
-B_AT = 8192  # B's region in the image (1024-byte aligned), A's at 0
-IMAGE_BYTES = 24576
+IMAGE_BYTES = 8192  # the misuse kernel's: A at 0, B at 2048
 WARPGROUP = (128,)
 rng = numpy.random.default_rng(32)
 
@@ -31,96 +28,12 @@ def selftest():
     return emulator.load_for_test(SOURCE, KERNELS)
 
 
-# ---- the ISA's shared-memory layouts as CuTe layouts ------------------------------------------------
-def cute_offset(coordinate, shape, stride):
-    """A CuTe layout's value at a 1-D coordinate of one mode: colexicographic over the sub-shape."""
-    offset = 0
-    for extent, step in zip(shape, stride):
-        offset += (coordinate % extent) * step
-        coordinate //= extent
-    return offset
-
-
-def canonical(mn_major, swizzle, leading, stride):
-    """((mn shape), (mn stride)), ((k shape), (k stride)) in bf16 elements, from the ISA's table
-    "Canonical Layouts" (T = 8 elements per 16 bytes; LBO, SBO given in bytes)."""
-    t, lbo, sbo, repeat = 8, leading // 2, stride // 2, 1 << 20
-    if mn_major:
-        if swizzle == 0:
-            return ((t, 1, repeat), (1, t, sbo)), ((8, repeat), (t, lbo))
-        w = SWIZZLE_BYTES[swizzle] // 16
-        return ((t, w, repeat), (1, t, lbo)), ((8, repeat), (w * t, sbo))
-    if swizzle == 0:
-        return ((8, repeat), (t, sbo)), ((t, repeat), (1, lbo))
-    w = SWIZZLE_BYTES[swizzle] // 16
-    return ((8, repeat), (w * t, sbo)), ((t, repeat), (1, t))
-
-
-def swizzle_address(address, swizzle):
-    """CuTe's Swizzle<B, 4, 3> on a byte address: bits [7, 7+B) XORed into bits [4, 4+B)."""
-    bits = SWIZZLE_BITS[swizzle]
-    return address ^ (((address >> 7) & ((1 << bits) - 1)) << 4)
-
-
-def place(image, start, matrix, mn_major, swizzle, leading, stride, k_first=0):
-    """Writes matrix[mn, k] (bf16 bits) into the image (bytes) where the wgmma reads element
-    (mn, k) of an operand whose descriptor starts at `start`; k_first: the k-slice sits at columns
-    k_first.. of a wider K-major tile, the descriptor's start moved by as many bytes."""
-    (mn_shape, mn_stride), (k_shape, k_stride) = canonical(mn_major, swizzle, leading, stride)
-    base = start - 2 * k_first
-    for mn in range(matrix.shape[0]):
-        for k in range(16):
-            element = cute_offset(mn, mn_shape, mn_stride) + cute_offset(k + k_first, k_shape, k_stride)
-            at = swizzle_address(base + 2 * element, swizzle)
-            image[at:at + 2] = numpy.frombuffer(matrix[mn, k].tobytes(), numpy.uint8)
-
-
-def layout_for(mn_major, swizzle, mn_size):
-    """(leading, stride) byte offsets that pack an operand of mn_size × 16 densely."""
-    if swizzle == 0:
-        return (128 * (mn_size // 8), 128) if mn_major else (128, 256)
-    w = SWIZZLE_BYTES[swizzle]
-    if mn_major:
-        return 8 * w, 8 * w * max(1, 2 * mn_size // w)  # LBO: the next W/2 columns of mn; SBO: the next 8 k
-    return 16, 8 * w  # K-major: LBO unused (1 encoded), SBO: the next 8 rows
-
-
-def fragment_rc(n):
-    """(row, col) of register i of thread t of the 64×N accumulator, by the ISA's figure."""
-    t, i = numpy.arange(128)[:, None], numpy.arange(n // 2)[None, :]
-    return 16 * (t // 32) + (t % 32) // 4 + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * (t % 4) + i % 2
-
-
-def bf16(shape):
-    bits = (rng.standard_normal(shape).astype(numpy.float32).view(numpy.uint32) >> 16).astype(numpy.uint16)
-    return bits, (bits.astype(numpy.uint32) << 16).view(numpy.float32).astype(numpy.float64)
-
-
 def run_product(selftest, n, trans_a, trans_b, swizzle_a, swizzle_b, rs=False, accumulate=0, repeats=1):
-    """(d as the 64×N tile read through the fragment map, the expected tile)."""
-    a_bits, a = bf16((64, 16))
-    b_bits, b = bf16((n, 16))  # B stored as (n, k)
-    image = rng.integers(0, 256, IMAGE_BYTES, dtype=numpy.uint8)  # garbage where no operand lies
-    k_first_a = 16 if not trans_a and swizzle_a in (1, 2) else 0  # the second k-slice of a wider tile
-    k_first_b = 16 if not trans_b and swizzle_b in (1, 2) else 0
-    la, lb = layout_for(trans_a, swizzle_a, 64), layout_for(trans_b, swizzle_b, n)
-    start_a, start_b = 2 * k_first_a, B_AT + 2 * k_first_b
-    if not rs:
-        place(image, start_a, a_bits, trans_a, swizzle_a, *la, k_first_a)
-    place(image, start_b, b_bits, trans_b, swizzle_b, *lb, k_first_b)
-    layout = numpy.array([start_a, *la, swizzle_a, start_b, *lb, swizzle_b], numpy.int32)
-    a_words = numpy.ascontiguousarray(a_bits).view(numpy.uint32)
-    c = rng.standard_normal(128 * n // 2).astype(numpy.float32)
-    d = numpy.zeros_like(c)
-    kernel = selftest.get_function(f"wgmma_product<{n}, {str(trans_a).lower()}, {str(trans_b).lower()}, "
-                                   f"{str(rs).lower()}>")
-    kernel((1,), WARPGROUP, (image.view(numpy.uint32), numpy.int32(IMAGE_BYTES // 4), layout, a_words, c,
-                             numpy.int32(accumulate), numpy.int32(repeats), d), shared_mem=IMAGE_BYTES)
-    rows, cols = fragment_rc(n)
-    tile, initial = numpy.zeros((64, n)), numpy.zeros((64, n))
-    tile[rows, cols] = d.reshape(128, n // 2)
-    initial[rows, cols] = c.reshape(128, n // 2)
-    return tile, initial * accumulate + repeats * (a @ b.T)
+    """(d as the 64×N tile read through the ISA's fragment map, the expected tile)."""
+    name, args, shared, want = wgmma_layouts.product_case(rng, n, trans_a, trans_b, swizzle_a, swizzle_b, rs,
+                                                          accumulate, repeats)
+    selftest.get_function(name)((1,), WARPGROUP, tuple(args), shared_mem=shared)
+    return wgmma_layouts.tile_from_fragments(args[-1], n), want
 
 
 def assert_close(got, want):
@@ -149,8 +62,8 @@ def test_wgmma_with_a_from_registers(selftest, trans_b):
 
 def test_a_wrong_layout_gives_a_wrong_product(selftest, monkeypatch):
     """The oracle can fail: B laid out with 64B swizzle, the descriptor saying 128B."""
-    real = swizzle_address
-    monkeypatch.setattr(sys.modules[__name__], "swizzle_address", lambda address, s: real(address, 2 if s == 1 else s))
+    real = wgmma_layouts.swizzle_address
+    monkeypatch.setattr(wgmma_layouts, "swizzle_address", lambda address, s: real(address, 2 if s == 1 else s))
     got, want = run_product(selftest, 64, False, False, 1, 1)
     assert not numpy.allclose(got, want, atol=1e-3)
 
