@@ -3,6 +3,7 @@ wgmma_selftest.cu: wgmma products from shared-memory images laid out by a NumPy 
 ISA's canonical layouts (wgmma_layouts.py: CuTe shapes and strides, the Swizzle<B,4,3> XOR) against A·B,
 the accumulator fragment map, the mbarrier phase walk and a cp.async pipeline on mbarriers, and
 each misuse the emulation promises to report; and nvcc compiling the kernels for sm_90a."""
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,13 +12,12 @@ import numpy
 import pytest
 
 import emulator
+import ptx_selftest
 import wgmma_layouts
 
-SOURCE = str(Path(__file__).resolve().parent / "wgmma_selftest.cu")
+SOURCE = str(ptx_selftest.WGMMA_SOURCE)
 SHAPES = (8, 64, 128)
-PRODUCTS = tuple(f"wgmma_product<{n}, {ta}, {tb}, false>" for n in SHAPES for ta in ("false", "true")
-                 for tb in ("false", "true")) + tuple(f"wgmma_product<64, false, {tb}, true>" for tb in ("false", "true"))
-KERNELS = PRODUCTS + ("wgmma_misuse", "mbarrier_phases", "mbarrier_pipeline", "register_budget")
+PRODUCTS, KERNELS = ptx_selftest.WGMMA_PRODUCTS, ptx_selftest.WGMMA_KERNELS
 IMAGE_BYTES = 8192  # the misuse kernel's: A at 0, B at 2048
 WARPGROUP = (128,)
 rng = numpy.random.default_rng(32)
@@ -148,7 +148,21 @@ def test_bad_setmaxnreg_is_reported(selftest, misuse, message):
         selftest.get_function("register_budget")((1,), (256,), (numpy.int32(misuse), numpy.zeros(256, numpy.uint32)))
 
 
+# ---- the hardware check's answers (ptx_selftest.py --suite wgmma --device gpu compares a GPU with them) --
+def test_the_emulator_still_gives_the_committed_wgmma_answers(selftest):
+    cases = json.loads(ptx_selftest.WGMMA_EXPECTED.read_text())["cases"]
+    assert {c["kernel"] for c in cases} >= set(PRODUCTS[:4]) | {"mbarrier_phases", "mbarrier_pipeline"}
+    for case in cases:
+        assert ptx_selftest.run(selftest, numpy, case) == case["expected"], case["name"]
+
+
+def test_the_wgmma_check_passes_on_the_emulator(tmp_path):
+    assert ptx_selftest.main(["--json", str(tmp_path / "result.json"), "--device", "emulator", "--suite", "wgmma"]) == 0
+    assert json.loads((tmp_path / "result.json").read_text())["passed"]
+
+
 # ---- nvcc ------------------------------------------------------------------------------------------
+@pytest.mark.slow  # 3 to 8 s of nvcc
 def test_nvcc_compiles_the_selftest_for_sm_90a(tmp_path):
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
     if nvcc is None:

@@ -84,7 +84,7 @@ def round_up(x, to):
 def product_case(rng, n, trans_a, trans_b, swizzle_a, swizzle_b, rs=False, accumulate=0, repeats=1):
     """(kernel name, arguments, dynamic shared bytes, expected 64×N tile) of one wgmma_product
     launch: A at offset 0 of the image, B at the next 1024-byte boundary, random bytes wherever no
-    operand lies (a wrong address reads garbage); K-major 128B/64B operands are the second
+    operand lies (a wrong address reads garbage), A's words as an argument only with rs; K-major 128B/64B operands are the second
     k-slice of a 32-wide tile (the descriptor's start 32 bytes in); c and d in fragment order."""
     a_bits, a = bf16(rng, (64, 16))
     b_bits, b = bf16(rng, (n, 16))  # B as (n, k)
@@ -106,7 +106,7 @@ def product_case(rng, n, trans_a, trans_b, swizzle_a, swizzle_b, rs=False, accum
     initial[rows, cols] = c.reshape(128, n // 2)
     name = f"wgmma_product<{n}, {str(trans_a).lower()}, {str(trans_b).lower()}, {str(rs).lower()}>"
     args = [image.view(numpy.uint32), numpy.int32(image.size // 4), layout,
-            numpy.ascontiguousarray(a_bits).view(numpy.uint32), c, numpy.int32(accumulate), numpy.int32(repeats),
+            numpy.ascontiguousarray(a_bits).view(numpy.uint32).reshape(-1) if rs else numpy.zeros(1, numpy.uint32), c, numpy.int32(accumulate), numpy.int32(repeats),
             numpy.zeros_like(c)]
     return name, args, image.size, initial * accumulate + repeats * (a @ b.T)
 

@@ -24,7 +24,7 @@ __device__ void stage_image(unsigned* smem, const unsigned* image, int words) {
 
 // d = c·[accumulate] + repeats·A·B by `repeats` chained wgmmas (the first one accumulating only if
 // `accumulate`); c and d in fragment order (thread t's N/2 registers at t·N/2). RS: A from
-// registers, loaded from a_words (64 rows of 8 words, a word the bf16 pair k, k+1) by the ISA's
+// registers, loaded from a_words (read only then) (64 rows of 8 words, a word the bf16 pair k, k+1) by the ISA's
 // fragment: register r = word (16w + lane/4 + 8(r%2), lane%4 + 4(r/2)).
 template <int N, bool TRANS_A, bool TRANS_B, bool RS>
 __global__ void wgmma_product(const unsigned* image, int words, const int* layout, const unsigned* a_words,
@@ -34,8 +34,9 @@ __global__ void wgmma_product(const unsigned* image, int words, const int* layou
     int t = threadIdx.x, lane = t % 32;
     WgmmaAccumulator<N> acc;
     for (int i = 0; i < N / 2; ++i) acc[i] = c[t * (N / 2) + i];
-    unsigned a[4];
-    for (int r = 0; r < 4; ++r) a[r] = a_words[(16 * (t / 32) + lane / 4 + 8 * (r % 2)) * 8 + lane % 4 + 4 * (r / 2)];
+    unsigned a[4] = {};
+    if constexpr (RS)
+        for (int r = 0; r < 4; ++r) a[r] = a_words[(16 * (t / 32) + lane / 4 + 8 * (r % 2)) * 8 + lane % 4 + 4 * (r / 2)];
     SharedAddress base = shared_address(smem);
     uint64_t desc_a = descriptor(base, layout, A_START), desc_b = descriptor(base, layout, B_START);
     wgmma_fence();
