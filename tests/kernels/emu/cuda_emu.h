@@ -20,7 +20,8 @@
 // mantissa bits as the tensor cores do, bf16 products are exact in fp32.
 //
 // The PTX wrappers of kernels/ptx.cuh (ldmatrix, mma.sync, cp.async) are emulated in ptx_emu.h,
-// included at the end: there the registers hold exactly what the PTX ISA puts in each lane.
+// included at the end: there the registers hold exactly what the PTX ISA puts in each lane; and
+// those of kernels/wgmma.cuh (wgmma, mbarrier, setmaxnreg) in wgmma_emu.h, which it includes.
 //
 // The emulator checks what the hardware would reject or silently get wrong: WMMA pointer
 // alignment (32 bytes) and leading dimensions (16 bytes), cp.async sizes and alignment,

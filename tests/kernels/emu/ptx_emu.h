@@ -11,6 +11,8 @@
 // cp.async completes late, as on the GPU: at issue the 16 destination bytes are poisoned (0xFF,
 // a NaN for floats and bf16) and the data lands only when the issuing thread's cp_async_wait
 // retires the copy's group. A kernel that reads a stage before waiting for it reads NaN.
+//
+// kernels/wgmma.cuh's Hopper instructions are emulated in wgmma_emu.h, included at the end.
 #pragma once
 
 #define MINIDL_PTX_EMULATED 1
@@ -22,12 +24,12 @@ inline SharedAddress shared_address(const void* pointer) { return reinterpret_ca
 namespace emu {
 namespace ptx {
 
-// ---- warp-wide instructions -------------------------------------------------------------------
-constexpr int MAX_WORDS = 10;  // mma: 4 A, 2 B and 4 C registers
+// ---- warp- and warpgroup-wide instructions ------------------------------------------------------
+constexpr int MAX_WORDS = 10;  // mma: 4 A, 2 B and 4 C registers; wgmma: 2 descriptors, a flag, 4 A registers
 
 // what one thread hands to a warp- or warpgroup-wide instruction
 struct Operands {
-    uint64_t tag;  // instruction << 48 | how many warp-wide instructions the lane has executed
+    uint64_t tag;  // instruction << 48 | how many instructions of its group the thread has executed
     const void* address;
     uint32_t words[MAX_WORDS];
 };
