@@ -91,3 +91,13 @@ def test_tiles_refuse_what_they_cannot_compute():
     assert not tile.fits("conv_dgrad", conv_v3.V3Tile.dtype, geometry_of((1, 5, 5, 64, 72, 3, 1, 1)))  # K % 64
     assert not tile.fits("conv_wgrad", numpy.float32, geometry_of((1, 5, 5, 64, 64, 3, 1, 1)))  # no TF32
     assert not conv_v3.TILES["bf16_128x256"].serves("conv_wgrad")
+
+
+@pytest.mark.parametrize("conv_pass, shape", [(p, s) for p, shapes in SHAPES.items() for s in shapes])
+def test_v3_equals_v2_bit_for_bit(v3, emulated, conv_pass, shape):
+    """v2's 128×128 tile sums the same k-tiles of 64 in the same order, 16 at a time per
+    accumulator (mma.sync m16n8k16 there, wgmma k16 here, each exact products summed in fp32 by
+    the emulator alike): the same bits."""
+    theirs, _ = run_pass(emulated, "bf16", conv_pass, shape, Plan("v2", "bf16_128x128"))
+    ours, _ = run_pass(v3, "bf16", conv_pass, shape, Plan("v3", "bf16_128x128"))
+    assert numpy.array_equal(ours, theirs), f"{conv_pass} {shape}"
