@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ARCH = "sm_90"
-FLAGS = (f"-arch={ARCH}", "-cubin", "-Xptxas", "-v")
+FLAGS = ("-cubin", "-Xptxas", "-v")
+
+
+def arch_flag(arch):
+    """sm_90a (wgmma, setmaxnreg) needs its own virtual architecture, compute_90a."""
+    return f"-gencode=arch=compute_{arch[3:]},code={arch}" if arch.endswith("a") else f"-arch={arch}"
 
 
 def find_nvcc():
@@ -72,7 +77,7 @@ class Compiled:
     resources: dict = field(default_factory=dict)  # readable kernel name -> ptxas -v report
 
 
-def compile_cubin(path, names, options=(), nvcc=None):
+def compile_cubin(path, names, options=(), nvcc=None, arch=ARCH):
     """`path` (a .cu) compiled for sm_90 with the kernel name expressions `names` instantiated and
     the extra nvcc `options` (-D, -I, -std, ...); nvcc is found when not given."""
     nvcc = nvcc or find_nvcc()
@@ -81,7 +86,7 @@ def compile_cubin(path, names, options=(), nvcc=None):
     with tempfile.TemporaryDirectory() as tmp:
         unit, cubin = Path(tmp) / "unit.cu", Path(tmp) / "unit.cubin"
         unit.write_text(translation_unit(path, names))
-        result = subprocess.run([nvcc, *FLAGS, *options, "-o", str(cubin), str(unit)], capture_output=True, text=True)
+        result = subprocess.run([nvcc, arch_flag(arch), *FLAGS, *options, "-o", str(cubin), str(unit)], capture_output=True, text=True)
         binary = cubin.read_bytes() if result.returncode == 0 else b""
     log = result.stdout + result.stderr
     parsed = parse_ptxas(log)

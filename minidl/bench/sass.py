@@ -1,10 +1,11 @@
 """`python -m minidl.bench sass [--json FILE] [FAMILY ...]`: tensor-core kernel quality read from
 the machine code (SASS), without a GPU.
 
-Each tensor-core family of kernels/*.cu is compiled for sm_90 and disassembled by nvdisasm; per
-kernel its main loop (the innermost loop holding both HMMA and LDGSTS) is counted: instructions
-per MMA, LDSM, LDGSTS, generic memory, MOVM, integer divisions, local memory, registers, spills.
-docs/design.md §3 says what good looks like; `audit(path, names, options)` audits any source.
+Each tensor-core family of kernels/*.cu is compiled for sm_90 (sm_90a where it includes wgmma.cuh)
+and disassembled by nvdisasm; per kernel its main loop (the innermost loop holding both HMMA and
+LDGSTS, or HGMMA) is counted: instructions per MMA (HMMA or HGMMA), HGMMA, LDSM, LDGSTS, generic
+memory, MOVM, integer divisions, local memory, registers, spills. docs/design.md §3 says what good
+looks like; `audit(path, names, options)` audits any source.
 
 Details: docs/kernels.md, "minidl/bench/sass.py".
 """
@@ -20,12 +21,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from minidl.bench._nvcc import compile_cubin, find_nvcc
+from minidl.bench._nvcc import ARCH, compile_cubin, find_nvcc
 from minidl.errors import UserError
 from minidl.fileio import writable, write_json_atomic
 
 DISASSEMBLER_WHEELS = "pip install nvidia-cuda-cuobjdump==13.2.* nvidia-cuda-nvdisasm==13.2.*"
 TENSOR_CORE_SOURCE = re.compile(r"\bwmma::|\bmma_\w+\(|ptx\.cuh")
+HOPPER_SOURCE = re.compile(r'#include "wgmma\.cuh"')  # built for sm_90a
 INSTRUCTION_BYTES = 16  # sm_70 and later
 DIVISION_WINDOW = 64    # how far apart the scheduler may place the steps of a division
 GENERIC_MEMORY = {"LD", "ST"}  # LDS/STS, LDG/STG, LDL/STL, LDSM, LDGSTS name their state space
@@ -78,7 +80,8 @@ def disassemble(cubin, nvdisasm):
 
 
 def main_loop(instructions):
-    """(first, last) instruction index of the innermost loop holding both HMMA and LDGSTS, or None."""
+    """(first, last) instruction index of the innermost loop holding both HMMA and LDGSTS, or
+    HGMMA (a warp-specialized kernel's consumers: their copies are another warpgroup's loop), or None."""
     ends = {}  # loop head -> its last backward branch
     for i, instruction in enumerate(instructions):
         target = re.search(r"0x([0-9a-f]+)$", instruction.operands)
@@ -86,7 +89,8 @@ def main_loop(instructions):
             head = int(target.group(1), 16) // INSTRUCTION_BYTES
             ends[head] = max(ends.get(head, i), i)
     loops = [(head, end) for head, end in ends.items()
-             if {"HMMA", "LDGSTS"} <= {x.base for x in instructions[head:end + 1]}]
+             if {"HMMA", "LDGSTS"} <= {x.base for x in instructions[head:end + 1]}
+             or "HGMMA" in {x.base for x in instructions[head:end + 1]}]
     return min(loops, key=lambda loop: loop[1] - loop[0], default=None)
 
 
@@ -126,7 +130,8 @@ def audit_kernel(name, instructions, resources):
            "integer_divisions": integer_divisions(instructions)}
     loop = main_loop(instructions)
     body = instructions[loop[0]:loop[1] + 1] if loop else None
-    counts = {"loop_instructions": lambda x: True, "loop_mma": lambda x: x.base == "HMMA",
+    counts = {"loop_instructions": lambda x: True, "loop_mma": lambda x: x.base in ("HMMA", "HGMMA"),
+              "loop_hgmma": lambda x: x.base == "HGMMA",
               "loop_ldsm": lambda x: x.base == "LDSM", "loop_ldgsts": lambda x: x.base == "LDGSTS",
               "loop_ldgsts_128": lambda x: x.base == "LDGSTS" and ".128" in x.opcode,
               "loop_generic_memory": lambda x: x.base in GENERIC_MEMORY, "loop_movm": lambda x: x.base == "MOVM"}
@@ -144,7 +149,8 @@ def audit(path, names, options=(), nvcc=None, nvdisasm=None):
         raise UserError("no nvcc found (PATH, $CUDA_PATH/bin, /usr/local/cuda/bin): install the CUDA toolkit")
     if nvdisasm is None:
         raise UserError(f"no nvdisasm found (an nvidia wheel's bin, PATH, $CUDA_PATH/bin): {DISASSEMBLER_WHEELS}")
-    compiled = compile_cubin(path, names, options, nvcc)
+    arch = "sm_90a" if HOPPER_SOURCE.search(Path(path).read_text()) else ARCH
+    compiled = compile_cubin(path, names, options, nvcc, arch)
     if compiled.returncode != 0:
         raise UserError(f"nvcc failed on {path}: {compiled.log.strip().splitlines()[-1]}")
     functions = disassemble(compiled.cubin, nvdisasm)

@@ -130,6 +130,21 @@ def load(path, names, defines=()):
     return EmulatedModule(ctypes.CDLL(str(library_path(path, names, defines))), names)
 
 
+def load_for_test(path, names):
+    """load() for a test module's fixture: skips where there is no C++ compiler, and prints how
+    long loading took (compiling, if the cache was cold)."""
+    import shutil
+    import time
+
+    import pytest
+    if shutil.which(CXX) is None:
+        pytest.skip(f"{CXX} not found: the CPU emulation needs a C++20 compiler")
+    started = time.perf_counter()
+    module = load(path, names)
+    print(f"\n{Path(path).name}: loaded (compiled if the cache was cold) in {time.perf_counter() - started:.2f} s")
+    return module
+
+
 class EmulatedModule:
     def __init__(self, library, names):
         self.library, self.names = library, names

@@ -2,9 +2,13 @@
 them), for the emulation tests, the nvcc and NVRTC compile checks and the SASS audit test; and
 the hardware check of the emulator's lane maps, which needs no pytest:
 
-    python tests/kernels/ptx_selftest.py --json FILE --device gpu|emulator
+    python tests/kernels/ptx_selftest.py --json FILE --device gpu|emulator [--suite ptx|wgmma]
 
-runs every case of ptx_selftest_expected.json (the inputs and the emulator's answers, written on
+runs every case of ptx_selftest_expected.json (--suite wgmma: wgmma_selftest.cu's Hopper
+instructions, built for sm_90a, against wgmma_selftest_expected.json: wgmma products for every
+swizzle mode and operand major-ness, the accumulator fragment, the mbarrier phase walk and a
+cp.async pipeline on mbarriers; setmaxnreg only in the emulator tests, whose register counts at
+launch are unknown) (the inputs and the emulator's answers, written on
 a CPU machine by --generate: the GPU machine needs no g++) on the GPU (CuPy) or on the emulator,
 and compares each output with the answer: bit for bit, except the tensor-core products (mma,
 tile_gemm), whose order of accumulation the emulator does not model (a tolerance relative to the
@@ -33,6 +37,11 @@ KERNELS = LDMATRIX + ("mma_fragments<true>", "mma_fragments<false>", "tile_gemm<
 PRODUCT_TOLERANCE = 1e-5  # relative to the largest |output| of the case: fp32 sums of 16 to 88 terms
 K_WORDS = 44  # tile_gemm: 6 k-tiles of 8 words through 3 stages, the last one half zero-filled
 DTYPES = {"u32": numpy.uint32, "i32": numpy.int32, "f32": numpy.float32}
+WGMMA_SOURCE = SOURCE.with_name("wgmma_selftest.cu")
+WGMMA_EXPECTED = SOURCE.with_name("wgmma_selftest_expected.json")
+WGMMA_PRODUCTS = tuple(f"wgmma_product<{n}, {a}, {b}, false>" for n in (8, 64, 128) for a in ("false", "true")
+                       for b in ("false", "true")) + tuple(f"wgmma_product<64, false, {b}, true>" for b in ("false", "true"))
+WGMMA_KERNELS = WGMMA_PRODUCTS + ("wgmma_misuse", "mbarrier_phases", "mbarrier_pipeline", "register_budget")
 
 
 def generate_cases(rng):
@@ -85,6 +94,43 @@ def generate_cases(rng):
     return cases
 
 
+def generate_wgmma_cases(rng):
+    """wgmma_selftest.cu's cases: an m64n8k16 product for every swizzle mode and major-ness of A
+    and B, larger N, A from registers, chained products onto an initial accumulator; the mbarrier
+    walks. Inputs as 32-bit words, outputs zero-filled."""
+    import wgmma_layouts
+
+    def product(label, *shape, **options):
+        name, args, shared, _ = wgmma_layouts.product_case(rng, *shape, **options)
+        kinds = ["u32", "scalar_i32", "i32", "u32", "f32", "scalar_i32", "scalar_i32", "f32"]
+        return {"name": f"{name} {label}", "kernel": name, "grid": 1, "block": 128, "shared_mem": shared,
+                "args": list(zip(kinds, args)), "outputs": [7], "tolerance": PRODUCT_TOLERANCE}
+
+    swizzles = {0: "none", 1: "128B", 2: "64B", 3: "32B"}
+    cases = [product(f"swizzle {swizzles[s]}", 8, ta, tb, s, s) for s in swizzles for ta in (False, True)
+             for tb in (False, True)]
+    cases += [product("A 128B, B 32B, accumulate, twice", 64, False, True, 1, 3, accumulate=1, repeats=2),
+              product("A M-major 64B, B N-major 32B", 64, True, True, 2, 3),
+              product("A from registers, B N-major 128B", 64, False, True, 0, 1, rs=True)]
+    cases.append({"name": "mbarrier_phases", "kernel": "mbarrier_phases", "grid": 1, "block": 96,
+                  "args": [("u32", numpy.zeros(96, numpy.uint32))], "outputs": [0]})
+    data = rng.integers(0, 1 << 32, 5 * 128, dtype=numpy.uint64).astype(numpy.uint32)
+    cases.append({"name": "mbarrier_pipeline", "kernel": "mbarrier_pipeline", "grid": 1, "block": 64,
+                  "args": [("u32", data), ("scalar_i32", 5), ("scalar_i32", 0), ("u32", numpy.zeros_like(data))],
+                  "outputs": [3]})
+    return cases
+
+
+# per suite: the source, its kernels, its cases, the architecture NVRTC builds it for
+SUITES = {"ptx": (SOURCE, KERNELS, generate_cases, ()),
+          "wgmma": (WGMMA_SOURCE, WGMMA_KERNELS, generate_wgmma_cases, ("-arch=sm_90a",))}
+
+
+def answers(suite):
+    """The suite's file of cases and the emulator's answers"""
+    return EXPECTED if suite == "ptx" else WGMMA_EXPECTED
+
+
 def to_json(case):
     """The case with its arguments as [kind, value]: an int for a scalar, else the 32-bit words."""
     def value(kind, v):
@@ -103,21 +149,23 @@ def arguments(case, xp):
     return args
 
 
-def load(device):
-    """The module of ptx_selftest.cu on the device: CuPy's RawModule, or the emulator's."""
+def load(device, suite="ptx"):
+    """The module of the suite's source on the device: CuPy's RawModule, or the emulator's."""
+    source, kernels, _, arch = SUITES[suite]
     if device == "emulator":
         import emulator
-        return emulator.load(str(SOURCE), KERNELS), numpy
+        return emulator.load(str(source), kernels), numpy
     import cupy
     from minidl.kernels import loader
-    options = loader.compile_options({}) + (f"-I{SOURCE.parent}",)  # the .cu includes ../../kernels/ptx.cuh
-    return cupy.RawModule(code=SOURCE.read_text(), options=options, name_expressions=KERNELS), cupy
+    options = loader.compile_options({}) + (f"-I{SOURCE.parent}",) + arch  # the .cu includes ../../kernels/*.cuh
+    return cupy.RawModule(code=source.read_text(), options=options, name_expressions=kernels), cupy
 
 
 def run(module, xp, case):
     """The case's outputs, as lists of 32-bit words."""
     args = arguments(case, xp)
-    module.get_function(case["kernel"])((case["grid"],), (case["block"],), tuple(args))
+    module.get_function(case["kernel"])((case["grid"],), (case["block"],), tuple(args),
+                                        shared_mem=case.get("shared_mem", 0))
     host = [args[i] if xp is numpy else xp.asnumpy(args[i]) for i in case["outputs"]]
     return [[int(w) for w in array.view(numpy.uint32)] for array in host]
 
@@ -144,8 +192,9 @@ def informational(case):
     return case["kernel"].startswith("mma_fragments") and case["name"].endswith(" subnormal")
 
 
-def check(device, result_path):
-    """Runs every case on `device`, writing the result file after each; True when all passed."""
+def check(device, result_path, suite="ptx"):
+    """Runs every case of the suite on `device`, writing the result file after each; True when all
+    passed."""
     result = {"device": device, "cases": [], "passed": False}
 
     def write():
@@ -153,8 +202,8 @@ def check(device, result_path):
 
     write()
     try:
-        cases = json.loads(EXPECTED.read_text())["cases"]
-        module, xp = load(device)
+        cases = json.loads(answers(suite).read_text())["cases"]
+        module, xp = load(device, suite)
         for case in cases:
             entry = {"name": case["name"], "status": "error", "informational": informational(case),
                      "mismatches": None, "first_mismatch": None}
@@ -173,14 +222,13 @@ def check(device, result_path):
     return result["passed"]
 
 
-def generate():
-    """Writes ptx_selftest_expected.json: the cases and the emulator's outputs for them."""
-    import emulator
-    module = emulator.load(str(SOURCE), KERNELS)
-    cases = [to_json(case) for case in generate_cases(numpy.random.default_rng(20))]
+def generate(suite="ptx"):
+    """Writes the suite's answers file: the cases and the emulator's outputs for them."""
+    module, _ = load("emulator", suite)
+    cases = [to_json(case) for case in SUITES[suite][2](numpy.random.default_rng(20))]
     for case in cases:
         case["expected"] = run(module, numpy, case)
-    EXPECTED.write_text(json.dumps({"cases": cases}, separators=(",", ":")) + "\n")
+    answers(suite).write_text(json.dumps({"cases": cases}, separators=(",", ":")) + "\n")
 
 
 def main(argv=None):
@@ -188,17 +236,19 @@ def main(argv=None):
                                      description="the emulator's PTX lane maps checked on a device")
     parser.add_argument("--json", help="the result file, written after every case")
     parser.add_argument("--device", choices=["gpu", "emulator"], default="emulator")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="ptx",
+                        help="ptx: ptx_selftest.cu (default); wgmma: wgmma_selftest.cu (sm_90a)")
     parser.add_argument("--generate", action="store_true",
-                        help=f"write {EXPECTED.name} from the emulator (on a CPU machine) instead")
+                        help="write the suite's answers file from the emulator (on a CPU machine) instead")
     args = parser.parse_args(argv)
     if args.generate:
-        generate()
+        generate(args.suite)
         return 0
     if not args.json:
         parser.error("--json FILE is required (the result file)")
     if not Path(args.json).resolve().parent.is_dir():
         parser.error(f"--json {args.json}: its folder does not exist (create it first)")
-    return 0 if check(args.device, args.json) else 1
+    return 0 if check(args.device, args.json, args.suite) else 1
 
 
 if __name__ == "__main__":

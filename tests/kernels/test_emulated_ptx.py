@@ -6,7 +6,6 @@ import json
 import math
 import re
 import shutil
-import time
 from fractions import Fraction
 
 import numpy
@@ -22,12 +21,7 @@ rng = numpy.random.default_rng(7)
 
 @pytest.fixture(scope="module")
 def selftest():
-    if shutil.which(emulator.CXX) is None:
-        pytest.skip(f"{emulator.CXX} not found: the CPU emulation needs a C++20 compiler")
-    started = time.perf_counter()
-    module = emulator.load(SELFTEST, ptx_selftest.KERNELS)
-    print(f"\nptx_selftest.cu: loaded (compiled if the cache was cold) in {time.perf_counter() - started:.2f} s")
-    return module
+    return emulator.load_for_test(SELFTEST, ptx_selftest.KERNELS)
 
 
 # ---- ldmatrix -----------------------------------------------------------------------------------

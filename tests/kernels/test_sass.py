@@ -127,3 +127,24 @@ def test_command_line_writes_the_rows_as_json(tools, monkeypatch, tmp_path, caps
     assert all(set(REQUIRED) <= set(r) for r in rows) and "ptx_selftest: quotients" in capsys.readouterr().out
     with pytest.raises(UserError, match="no tensor-core family conv7"):
         sass.main(["conv7"])
+
+
+V3_BAR = 24.0  # instructions per HGMMA (m64nBNk16) in a consumer's loop: per stage a wait, a fence, 4 descriptors, an arrive
+
+
+def test_v3_main_loops_issue_hgmma_and_meet_the_bar(tools):
+    """The wgmma kernels (sm_90a): the consumers' loop issues HGMMA and no HMMA, no generic loads
+    or stores, and at most V3_BAR instructions per HGMMA; no local memory, no spills, and no
+    ptxas warning (C7508: setmaxnreg's counts not honoured)."""
+    from minidl.kernels import conv_v3, loader
+    path = loader.source_path(conv_v3.FAMILY)
+    log = sass.compile_cubin(path, conv_v3.NAMES, loader.compile_options(conv_v3.DEFINES), arch="sm_90a").log
+    assert "warning" not in log.lower(), log
+    rows = sass.audit(path, conv_v3.NAMES, loader.compile_options(conv_v3.DEFINES))
+    print("\n" + sass.table([{"family": "conv_v3", **row} for row in rows]))
+    assert len(rows) == len(conv_v3.NAMES)
+    for row in rows:
+        assert row["loop_hgmma"] and row["loop_hgmma"] == row["loop_mma"], row
+        assert row["loop_generic_memory"] == 0 and row["local_loads_stores"] == 0, row
+        assert row["local_memory_bytes"] == 0 and row["spill_bytes"] == 0, row
+        assert row["instructions_per_mma"] <= V3_BAR, row

@@ -20,7 +20,8 @@
 // mantissa bits as the tensor cores do, bf16 products are exact in fp32.
 //
 // The PTX wrappers of kernels/ptx.cuh (ldmatrix, mma.sync, cp.async) are emulated in ptx_emu.h,
-// included at the end: there the registers hold exactly what the PTX ISA puts in each lane.
+// included at the end: there the registers hold exactly what the PTX ISA puts in each lane; and
+// those of kernels/wgmma.cuh (wgmma, mbarrier, setmaxnreg) in wgmma_emu.h, which it includes.
 //
 // The emulator checks what the hardware would reject or silently get wrong: WMMA pointer
 // alignment (32 bytes) and leading dimensions (16 bytes), cp.async sizes and alignment,
@@ -262,6 +263,9 @@ inline unsigned live = 0;  // fibers of the block that have not ended
 inline unsigned thread_rank = 0;
 inline int lane_id = 0, warp_id = 0;
 inline unsigned char* stacks = nullptr;  // MAX_THREADS stacks of STACK_BYTES, reserved at the first launch
+// counts what can unblock a thread that polls (an mbarrier's try_wait, wgmma_emu.h): a barrier
+// opening, a thread ending, an mbarrier's arrival or transaction
+inline uint64_t progress = 0;
 
 inline unsigned char* fiber_stack(unsigned rank) {
     if (!stacks) {
@@ -306,6 +310,7 @@ class Barrier {
         if (arrived_ > 0 && arrived_ == expected_) open();
     }
     void open() {  // the waiting fibers go to the back of the ready queue, in arrival order
+        ++progress;
         ready.append(waiting_);
         arrived_ = 0;
     }
@@ -317,11 +322,14 @@ class Barrier {
 
 inline Barrier block_barrier;
 inline Barrier warp_barriers[MAX_WARPS];
+constexpr int WARPGROUP = 128, MAX_WARPGROUPS = MAX_THREADS / WARPGROUP;
+inline Barrier warpgroup_barriers[MAX_WARPGROUPS];  // behind every warpgroup operation (wgmma_emu.h)
 inline uint64_t exchange[MAX_WARPS][32];  // one shuffle slot per lane
 
 inline void open_all_barriers() {
     block_barrier.open();
     for (Barrier& b : warp_barriers) b.open();
+    for (Barrier& b : warpgroup_barriers) b.open();
 }
 
 // The running fiber waits (at a barrier, or released at the back of the ready queue) or has
@@ -358,6 +366,7 @@ inline void Barrier::arrive_and_wait() {
 inline void* dynamic_shared_memory() { return dynamic_shared_base; }
 
 inline Barrier& my_warp() { return warp_barriers[warp_id]; }
+inline Barrier& my_warpgroup() { return warpgroup_barriers[thread_rank / WARPGROUP]; }
 
 template <typename T>
 inline uint64_t to_bits(T value) {
@@ -470,6 +479,8 @@ inline void place_dynamic_shared(size_t bytes) {
 inline void reset_barriers(unsigned threads) {
     block_barrier.reset(threads);
     for (unsigned w = 0; w * 32 < threads; ++w) warp_barriers[w].reset(std::min(32u, threads - w * 32));
+    for (unsigned g = 0; g * WARPGROUP < threads; ++g)
+        warpgroup_barriers[g].reset(std::min(unsigned(WARPGROUP), threads - g * WARPGROUP));
 }
 
 // Whether [address, address + bytes) is a valid shared access: inside the launch's dynamic
@@ -501,7 +512,9 @@ __attribute__((noinline)) inline void run_body() {
     forget_thread_state();  // e.g. copies still pending when the thread ends never land
     block_barrier.arrive_and_drop();
     my_warp().arrive_and_drop();
+    my_warpgroup().arrive_and_drop();
     --live;
+    ++progress;
     run_next();
     __builtin_unreachable();  // an ended fiber is never resumed
 }

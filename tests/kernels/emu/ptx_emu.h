@@ -11,6 +11,8 @@
 // cp.async completes late, as on the GPU: at issue the 16 destination bytes are poisoned (0xFF,
 // a NaN for floats and bf16) and the data lands only when the issuing thread's cp_async_wait
 // retires the copy's group. A kernel that reads a stage before waiting for it reads NaN.
+//
+// kernels/wgmma.cuh's Hopper instructions are emulated in wgmma_emu.h, included at the end.
 #pragma once
 
 #define MINIDL_PTX_EMULATED 1
@@ -22,54 +24,68 @@ inline SharedAddress shared_address(const void* pointer) { return reinterpret_ca
 namespace emu {
 namespace ptx {
 
-// ---- warp-wide instructions -------------------------------------------------------------------
-constexpr int MAX_WORDS = 10;  // mma: 4 A, 2 B and 4 C registers
+// ---- warp- and warpgroup-wide instructions ------------------------------------------------------
+constexpr int MAX_WORDS = 10;  // mma: 4 A, 2 B and 4 C registers; wgmma: 2 descriptors, a flag, 4 A registers
 
-// what one lane hands to a warp-wide instruction
+// what one thread hands to a warp- or warpgroup-wide instruction
 struct Operands {
-    uint64_t tag;  // instruction << 48 | how many warp-wide instructions the lane has executed
+    uint64_t tag;  // instruction << 48 | how many instructions of its group the thread has executed
     const void* address;
     uint32_t words[MAX_WORDS];
 };
-// two sets of slots, used in turn: a lane writes instruction i + 1's operands only after every lane
-// has reached instruction i, i.e. finished reading instruction i − 1's: one barrier per instruction
-inline Operands published[2][MAX_WARPS][32];
-// by thread_rank: the same count in every lane of a warp that runs correctly
-inline uint64_t executed[MAX_THREADS];
+// Warp-wide (32 threads, the lanes) and warpgroup-wide (128, wgmma_emu.h) instructions: each group
+// has two sets of slots, used in turn: a member writes instruction i + 1's operands only after
+// every member has reached instruction i, i.e. finished reading instruction i − 1's: one barrier per
+// instruction. `executed` counts, by thread_rank, the group's instructions the thread has
+// executed: the same count in every member of a group that runs correctly.
+template <int SIZE>
+struct GroupSlots {
+    static inline Operands published[2][MAX_THREADS / SIZE][SIZE];
+    static inline uint64_t executed[MAX_THREADS];
+    static constexpr const char* group = SIZE == 32 ? "warp" : "warpgroup";
+    static constexpr const char* member = SIZE == 32 ? "lane" : "thread";
+    static Barrier& barrier() { return SIZE == 32 ? my_warp() : my_warpgroup(); }
+    static void forget() { std::memset(published, 0, sizeof(published)); }
+};
 
 enum Instruction : uint64_t { LDMATRIX = 0x10, MMA_BF16 = 0x20, MMA_TF32 = 0x21 };  // ldmatrix: | x << 1 | trans
 
-// Publishes this lane's operands and copies every lane's (`lanes`); `ok` says whether the whole
-// warp executed this instruction together (a lane that has exited publishes nothing more, and
-// the slots are cleared between blocks: no stale tag from an earlier block can match).
-struct WarpInstruction {
-    Operands lanes[32];
+// Publishes this member's operands and copies every member's (`lanes`); `ok` says whether the
+// whole group executed this instruction together (a member that has exited publishes nothing
+// more, and the slots are cleared between blocks: no stale tag from an earlier block can match).
+template <int SIZE>
+struct GroupInstruction {
+    using Slots = GroupSlots<SIZE>;
+    Operands lanes[SIZE];
     bool ok = false;
 
-    WarpInstruction(const char* name, uint64_t instruction, const void* address, const uint32_t* words = nullptr) {
-        uint64_t count = ++executed[thread_rank];
-        Operands(&slots)[32] = published[count % 2][warp_id];
-        Operands& mine = slots[lane_id];
+    GroupInstruction(const char* name, uint64_t instruction, const void* address, const uint32_t* words = nullptr) {
+        uint64_t count = ++Slots::executed[thread_rank];
+        int group = int(thread_rank) / SIZE, member = int(thread_rank) % SIZE;
+        Operands(&slots)[SIZE] = Slots::published[count % 2][group];
+        Operands& mine = slots[member];
         mine.tag = instruction << 48 | count;
         mine.address = address;
         if (words) std::memcpy(mine.words, words, sizeof(mine.words));
-        my_warp().arrive_and_wait();
+        Slots::barrier().arrive_and_wait();
         std::memcpy(lanes, slots, sizeof(lanes));
         if (failed) return;  // after an error barriers open early: the copy may be stale
         int threads = int(blockDim.x * blockDim.y * blockDim.z);
-        if (threads - warp_id * 32 < 32) {
-            fail(std::string(name) + ": the warp has fewer than 32 threads; every lane must execute it");
+        if (threads - group * SIZE < SIZE) {
+            fail(std::string(name) + ": the " + Slots::group + " has fewer than " + std::to_string(SIZE) +
+                 " threads; every " + Slots::member + " must execute it");
             return;
         }
-        for (int lane = 0; lane < 32; ++lane)
-            if (lanes[lane].tag != mine.tag) {
-                fail(std::string(name) + ": lane " + std::to_string(lane) +
-                     " did not execute it with the rest of the warp (exited, or at another instruction)");
+        for (int other = 0; other < SIZE; ++other)
+            if (lanes[other].tag != mine.tag) {
+                fail(std::string(name) + ": " + Slots::member + " " + std::to_string(other) + " did not execute it with the rest of the " +
+                     Slots::group + " (exited, or at another instruction)");
                 return;
             }
         ok = true;
     }
 };
+using WarpInstruction = GroupInstruction<32>;
 
 // ---- ldmatrix ---------------------------------------------------------------------------------
 // Lane l receives, in r[i], row l/4 and 16-bit columns 2(l%4), 2(l%4)+1 of matrix i (low half:
@@ -151,22 +167,40 @@ struct AsyncCopy {
     unsigned char* destination;
     unsigned char data[16];  // read at issue: changing the source before the wait is undefined anyway
     uint64_t group;          // the group it joins: the thread's commits before it
+    uint64_t serial;         // the thread's copies issued before it
 };
 struct AsyncCopies {  // one thread's, in the running block
     std::vector<AsyncCopy> pending;  // issued, not landed, in issue order
     uint64_t committed = 0;          // groups committed
+    uint64_t issued = 0;
+
+    // the pending copies for which `lands` holds land, and leave the list
+    template <class Predicate>
+    void land(Predicate lands) {
+        for (const auto& copy : pending)
+            if (lands(copy)) std::memcpy(copy.destination, copy.data, 16);
+        pending.erase(std::remove_if(pending.begin(), pending.end(), lands), pending.end());
+    }
 };
 inline AsyncCopies async_copies[MAX_THREADS];  // by thread_rank
 inline AsyncCopies& my_copies() { return async_copies[thread_rank]; }
 
 }  // namespace ptx
 
+void forget_hopper_thread_state();  // wgmma_emu.h
+void forget_hopper_block_state();
+
 inline void forget_thread_state() {  // declared in cuda_emu.h: a block's pending copies end with it
-    ptx::my_copies().pending.clear();
-    ptx::my_copies().committed = 0;
-    ptx::executed[thread_rank] = 0;
+    forget_hopper_thread_state();    // first: it lands the copies an mbarrier tracks
+    ptx::my_copies() = {};
+    ptx::GroupSlots<32>::executed[thread_rank] = 0;
+    ptx::GroupSlots<WARPGROUP>::executed[thread_rank] = 0;
 }
-inline void forget_warp_state() { std::memset(ptx::published, 0, sizeof(ptx::published)); }
+inline void forget_warp_state() {
+    ptx::GroupSlots<32>::forget();
+    ptx::GroupSlots<WARPGROUP>::forget();
+    forget_hopper_block_state();
+}
 }  // namespace emu
 
 inline void ldmatrix_x1(unsigned (&r)[1], SharedAddress row) {
@@ -242,7 +276,7 @@ inline void cp_async_16(SharedAddress shared, const void* global, bool fill) {
     emu::check(aligned, "cp_async_16: the shared and global addresses must be 16-byte aligned");
     if (emu::failed || !emu::shared_access("cp_async_16", shared, 16)) return;
     auto& copies = emu::ptx::my_copies();
-    emu::ptx::AsyncCopy copy{static_cast<unsigned char*>(smem), {}, copies.committed};
+    emu::ptx::AsyncCopy copy{static_cast<unsigned char*>(smem), {}, copies.committed, copies.issued++};
     if (fill) std::memcpy(copy.data, global, 16);
     std::memset(smem, emu::SHARED_GARBAGE, 16);
     copies.pending.push_back(copy);
@@ -254,12 +288,8 @@ inline void cp_async_commit() { ++emu::ptx::my_copies().committed; }
 // copies of groups [0, committed − N) land; copies not committed yet are not waited for.
 template <int N>
 inline void cp_async_wait() {
-    auto& pending = emu::ptx::my_copies().pending;
     uint64_t committed = emu::ptx::my_copies().committed;
-    auto retired = [committed](const emu::ptx::AsyncCopy& copy) { return copy.group + N < committed; };
-    for (const auto& copy : pending)
-        if (retired(copy)) std::memcpy(copy.destination, copy.data, 16);
-    pending.erase(std::remove_if(pending.begin(), pending.end(), retired), pending.end());
+    emu::ptx::my_copies().land([committed](const emu::ptx::AsyncCopy& copy) { return copy.group + N < committed; });
 }
 
 inline unsigned tf32_bits(float x) { return __float_as_uint(nvcuda::wmma::__float_to_tf32(x)); }
@@ -301,3 +331,5 @@ inline unsigned fma_relu_bf16x2(unsigned a, unsigned b, unsigned c) {
     return unsigned(emu::ptx::fma_relu_bf16(uint16_t(a), uint16_t(b), uint16_t(c))) |
            unsigned(emu::ptx::fma_relu_bf16(uint16_t(a >> 16), uint16_t(b >> 16), uint16_t(c >> 16))) << 16;
 }
+
+#include "wgmma_emu.h"
