@@ -28,20 +28,23 @@ class Kernels(conv.ConvKernels, batchnorm.BatchNormKernels, normconv.NormConvKer
               softmax_xent.SoftmaxXentKernels, sgd.SgdKernels, amp.AmpKernels):
     """Every kernel operation, launched through `load(family).get_function(name)`."""
 
-    def __init__(self, load, multiprocessors, allow_tf32=True, tuner=None):
-        super().__init__(load, multiprocessors)
+    def __init__(self, load, multiprocessors, allow_tf32=True, tuner=None, compute_capability=None):
+        super().__init__(load, multiprocessors, compute_capability)
         self.allow_tf32, self.tuner = allow_tf32, tuner
 
 
 def load_family(family):
-    """kernels/<family>.cu compiled for this GPU, with the family's kernel names and constants."""
+    """kernels/<family>.cu compiled for this GPU (and the architecture the family needs), with the
+    family's kernel names and constants."""
     module = FAMILIES[family]
-    return loader.load_rawmodule(family, module.NAMES, tuple(sorted(module.DEFINES.items())))
+    return loader.load_rawmodule(family, module.NAMES, tuple(sorted(module.DEFINES.items())),
+                                 loader.required_arch(module))
 
 
-def tuner_for(device_name, cuda_version, timer, capturing=lambda: False):
+def tuner_for(device_name, cuda_version, timer, capturing=lambda: False, compute_capability=None):
     """The autotuner of a device, or None where MINIDL_AUTOTUNE=0: validated by the canary in
-    child processes, its results in MINIDL_CACHE/autotune/<device>-cuda<version>.json; where
+    child processes (the plans of every family this `compute_capability` runs; None: all of
+    them), its results in MINIDL_CACHE/autotune/<device>-cuda<version>.json; where
     MINIDL_CANARY=0, no validation and no cache (whose verdicts would let v2 plans run)."""
     if not environment.value("MINIDL_AUTOTUNE"):
         return None
@@ -49,7 +52,8 @@ def tuner_for(device_name, cuda_version, timer, capturing=lambda: False):
     if not environment.value("MINIDL_CANARY"):
         return autotune.Autotuner(timer, None, capturing, canary.source_hash(), device_name)
     return autotune.Autotuner(timer, autotune.cache_path(environment.cache_dir(), device_name, cuda_version),
-                              capturing, canary.source_hash(), device_name, canary.validator())
+                              capturing, canary.source_hash(), device_name,
+                              canary.validator(compute_capability=compute_capability))
 
 
 def _gpu():
@@ -58,9 +62,9 @@ def _gpu():
     name = cupy.cuda.runtime.getDeviceProperties(gpu.id)["name"]
     tuner = tuner_for(name.decode() if isinstance(name, bytes) else name, cupy.cuda.runtime.runtimeGetVersion(),
                       autotune.windowed_timer(autotune.cuda_window(cupy)),
-                      lambda: cupy.cuda.get_current_stream().is_capturing())
+                      lambda: cupy.cuda.get_current_stream().is_capturing(), gpu.compute_capability)
     kernels = Kernels(load_family, gpu.attributes["MultiProcessorCount"], allow_tf32=environment.value("MINIDL_TF32"),
-                      tuner=tuner)
+                      tuner=tuner, compute_capability=gpu.compute_capability)
     return kernels, cupy.ndarray
 
 

@@ -1,7 +1,7 @@
 """The runtime autotuner: on a GPU, the first call of a (pass, dtype, shape) times every candidate
-kernel plan and keeps the fastest. The v1 kernels are always candidates, and a v2 plan is one
-only after it was validated on this device and these sources, so a kernel written without a GPU
-can neither make a user slower nor give a wrong result.
+kernel plan and keeps the fastest. The v1 kernels are always candidates, and a plan of a later
+family (v2, v3) is one only after it was validated on this device and these sources, so a kernel
+written without a GPU can neither make a user slower nor give a wrong result.
 
 `Autotuner.choose` answers from memory, else from the JSON cache of this device, CUDA version
 and source hash, else by timing every usable plan against v1; plans that fail or disagree are
@@ -26,7 +26,7 @@ from minidl.fileio import write_json_atomic
 # max|kernel − reference| / max|reference| against float64, per mode (tests/kernels/oracle.py says why)
 REFERENCE_TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 1.5e-2}
 TOLERANCE = {mode: 2 * REFERENCE_TOLERANCE[mode] for mode in ("bf16", "tf32")}  # max|plan − v1| / max|v1|
-STATUSES = ("ok", "failed", "mismatch")
+STATUSES = ("ok", "failed", "mismatch", "unavailable")  # unavailable: a family this GPU cannot run
 WINDOW_SECONDS = 1e-3  # one timed window of back-to-back calls spans at least this
 WINDOWS = 5
 MAX_CALLS_PER_WINDOW = 1000
@@ -36,8 +36,8 @@ TOLD_FAILURES = 6  # kernel names in the validation's line (every one is in the 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How one convolution pass runs: kernel version, tile, and the split of its reduction."""
-    version: str  # "v1" or "v2" (or "v0", the naive kernel, only where a caller names it)
-    tile: str     # a tile name of minidl.kernels.conv or conv_v2
+    version: str  # the kernel family: "v1", "v2", "v3" (or "v0", the naive kernel, only where a caller names it)
+    tile: str     # a tile name of that family's launcher (minidl.kernels.conv, conv_v2, ...)
     splits: int = 1
 
     def label(self):
@@ -49,9 +49,9 @@ class Plan:
         return Plan(version, tile, int(splits))
 
     def kernel_name(self, kind):
-        """What one validation covers: the kernel of pass-and-fusion `kind` with this tile, and
-        whether the split-K reduction follows it (any split count: the same kernels)."""
-        return f"{kind} {self.tile}{' split' if self.splits > 1 else ''}"
+        """What one validation covers: the kernel of pass-and-fusion `kind` of this family and
+        tile, and whether the split-K reduction follows it (any split count: the same kernels)."""
+        return f"{kind} {self.version} {self.tile}{' split' if self.splits > 1 else ''}"
 
 
 def windowed_timer(open_window, window_seconds=WINDOW_SECONDS, windows=WINDOWS):
@@ -239,7 +239,7 @@ class Autotuner:
         self.validation = {"ran": len(ran), "seconds": time.perf_counter() - start,
                            "failed": sorted(failed | self.failed_elsewhere)}
         if ran:
-            failures = [name for name in ran if self.statuses[name]["status"] != "ok"]
+            failures = [name for name in ran if self.statuses[name]["status"] not in ("ok", "unavailable")]
             more = f" and {len(failures) - TOLD_FAILURES} more" if len(failures) > TOLD_FAILURES else ""
             told = f"{len(failures)} failed: {', '.join(failures[:TOLD_FAILURES])}{more}" if failures else "none failed"
             print(f"minidl: validated {len(ran)} kernel plans on {self.device or 'this device'} in "
@@ -248,7 +248,7 @@ class Autotuner:
         return self.statuses
 
     def usable(self, plan, kind):
-        """Whether `plan` may run: v1 always, a v2 plan once validated ok here and nowhere failed."""
+        """Whether `plan` may run: v1 always, a later family's once validated ok here and nowhere failed."""
         if plan.version == "v1":
             return True
         name = plan.kernel_name(kind)

@@ -1,10 +1,13 @@
-"""The canary: every v2 convolution kernel run once against v1, in child processes, before the
-autotuner may use it on this device and these sources (minidl.kernels.autotune).
+"""The canary: every convolution kernel after v1 (the families of `VALIDATED`) run once against
+v1, in child processes, before the autotuner may use it on this device and these sources
+(minidl.kernels.autotune).
 
 Child processes, because an illegal address on a GPU loses the CUDA context for good: when a
 child dies, the plan it was running is recorded failed and a new child runs the rest. The plans
-(`PLANS`) cover each pass, data type, v2 tile and batch-norm fusion, unsplit and split, at small
-shapes that end inside every tile. `python -m minidl.kernels.canary --json FILE` validates alone.
+(`PLANS`) cover each family, pass, data type, tile and batch-norm fusion, unsplit and split, at
+small shapes that end inside every tile; a family the device cannot run (its ARCH) is recorded
+unavailable, with the reason, and never started. `python -m minidl.kernels.canary --json FILE`
+validates alone.
 
 Details: docs/kernels.md, "minidl/kernels/canary.py".
 """
@@ -24,10 +27,10 @@ import minidl
 from minidl.backend import BF16
 from minidl.errors import UserError
 from minidl.fileio import write_json_atomic
-from minidl.kernels import loader
+from minidl.kernels import conv_v2, loader
 from minidl.kernels.autotune import STATUSES, Plan, comparable, compared_run, disagreement, relative_error
 from minidl.kernels.batchnorm import NORM, NORM_FIELDS
-from minidl.kernels.conv_v2 import DRELU, FUSIONS, NORMALIZE, PASSES, STATS, TILES, Fusion, kernel_kind
+from minidl.kernels.conv_v2 import DRELU, NORMALIZE, PASSES, STATS, Fusion, kernel_kind
 
 STOPPED = 3  # the child's exit status after a plan that raised
 PLAN_TIMEOUT = 120.0  # seconds one plan may take in the child (the CPU emulator is the slow one); --plan-timeout
@@ -43,6 +46,11 @@ SHAPES = {
 }
 
 
+# the Plan versions validated here, each with its launcher module: TILES (each tile's dtype and
+# `serves(pass)`), FUSIONS (per pass, the fusion bits it has kernels for), ARCH where it needs one
+VALIDATED = {"v2": conv_v2}
+
+
 def mode_of(tile):
     return "bf16" if tile.dtype == BF16 else "tf32"
 
@@ -55,20 +63,25 @@ class CanaryPlan(NamedTuple):
 
     @property
     def dtype(self):
-        return mode_of(TILES[self.plan.tile])
+        return mode_of(VALIDATED[self.plan.version].TILES[self.plan.tile])
+
+    def unavailable(self, compute_capability):
+        """Why a device of this compute capability cannot run the plan's family, or None."""
+        return loader.unavailable(loader.required_arch(VALIDATED[self.plan.version]), compute_capability)
 
 
 def canary_plans():
     plans = []
-    for conv_pass in PASSES:
-        for tile in TILES.values():
-            if not tile.serves(conv_pass):
-                continue
-            for fuse in FUSIONS[conv_pass]:
-                kind = kernel_kind(conv_pass, fuse)
-                for splits in (1,) if Fusion(fuse).whole_reduction else (1, SPLITS):
-                    plan = Plan("v2", tile.name, splits)
-                    plans.append(CanaryPlan(plan.kernel_name(kind), conv_pass, fuse, plan))
+    for version, family in VALIDATED.items():
+        for conv_pass in PASSES:
+            for tile in family.TILES.values():
+                if not tile.serves(conv_pass):
+                    continue
+                for fuse in family.FUSIONS[conv_pass]:
+                    kind = kernel_kind(conv_pass, fuse)
+                    for splits in (1,) if Fusion(fuse).whole_reduction else (1, SPLITS):
+                        plan = Plan(version, tile.name, splits)
+                        plans.append(CanaryPlan(plan.kernel_name(kind), conv_pass, fuse, plan))
     return plans
 
 
@@ -159,10 +172,18 @@ def child(progress, names):
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-def validator(timeout=PLAN_TIMEOUT):
-    """The tuner's `validate(known, record)`: the canary plans not in `known`, in children."""
+def validator(timeout=PLAN_TIMEOUT, compute_capability=None):
+    """The tuner's `validate(known, record)`: the canary plans not in `known`, in children; those
+    of a family a device of `compute_capability` cannot run recorded unavailable, not run (None:
+    the emulator, every family runs)."""
     def validate(known, record):
-        pending = [p.name for p in PLANS if p.name not in known]
+        pending = []
+        for plan in (p for p in PLANS if p.name not in known):
+            why_not = plan.unavailable(compute_capability)
+            if why_not:
+                record(plan.name, {"status": "unavailable", "max_error": None, "error": why_not, "seconds": None})
+            else:
+                pending.append(plan.name)
         while pending:  # each child records at least one plan
             done = run_child(pending, record, timeout)
             pending = [name for name in pending if name not in done]
@@ -244,8 +265,9 @@ def failed(error):
 
 # ---- the command line ----------------------------------------------------------------------------
 def row(name, record):
-    kind, tile = name.split()[:2]
-    return {"plan": name, "pass": kind, "dtype": mode_of(TILES[tile]) if tile in TILES else None,
+    kind, version, tile = name.split()[:3]
+    tiles = VALIDATED[version].TILES if version in VALIDATED else {}
+    return {"plan": name, "pass": kind, "dtype": mode_of(tiles[tile]) if tile in tiles else None,
             "status": record["status"], "error": record.get("error"), "max_error": record.get("max_error"),
             "seconds": record.get("seconds")}
 
@@ -300,8 +322,9 @@ def main(argv):
     tuner.validated(on_result)
     counts = write()
     print(f"canary: {len(rows)} plans on {tuner.device}, {counts['ok']} ok, {counts['failed']} failed, "
-          f"{counts['mismatch']} mismatch, {time.perf_counter() - start:.1f} s; {path}", flush=True)
-    return 0 if counts["ok"] == len(rows) else 1
+          f"{counts['mismatch']} mismatch, {counts['unavailable']} unavailable, {time.perf_counter() - start:.1f} s; "
+          f"{path}", flush=True)
+    return 0 if counts["ok"] + counts["unavailable"] == len(rows) else 1
 
 
 if __name__ == "__main__":

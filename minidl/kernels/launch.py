@@ -12,6 +12,7 @@ import numpy
 
 from minidl.backend import BF16
 from minidl.intmath import ceil_div
+from minidl.kernels import loader
 
 NULL = numpy.uint64(0)  # a null pointer argument
 KERNEL_DTYPES = (numpy.float32, BF16)  # what the kernels take: float32 data, or bf16 bits
@@ -45,9 +46,10 @@ def require_float32(*arrays):
 
 
 class Launcher:
-    def __init__(self, load, multiprocessors):
+    def __init__(self, load, multiprocessors, compute_capability=None):
+        """`compute_capability`: CuPy's spelling ("90"), None where any family runs (the emulator)."""
         self._load = load
-        self.multiprocessors = multiprocessors
+        self.multiprocessors, self.compute_capability = multiprocessors, compute_capability
         self._functions = {}
         self._shared_opt_in = {}  # (family, name) -> dynamic shared memory allowed above 48 KiB
 
@@ -60,6 +62,10 @@ class Launcher:
             function.max_dynamic_shared_size_bytes = shared_mem  # reading the attribute is a driver call
             self._shared_opt_in[key] = shared_mem
         function(grid, block, args, shared_mem=shared_mem)
+
+    def unavailable(self, arch):
+        """Why this device cannot run a family built for `arch` (loader.unavailable), or None."""
+        return loader.unavailable(arch, self.compute_capability)
 
     def elementwise_grid(self, count, threads):
         """Blocks of `threads` for a grid-stride loop over `count` elements: enough to fill the

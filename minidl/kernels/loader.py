@@ -4,7 +4,9 @@
 (`minidl.cuda_sources`). `compile_options(defines)` are a family's NVRTC options: every constant
 a launcher shares with its kernel is written once, in the launcher, and reaches the compiler as
 a define, plus a hash of the .cu and its headers so CuPy's disk cache compiles anew after any
-edit. On a GPU `load_rawmodule` compiles a family once per process.
+edit. A family may declare the architecture it needs (`ARCH`, e.g. "sm_90a" for wgmma and
+setmaxnreg): `arch_options` spells it for NVRTC, `unavailable` says why a device cannot run it.
+On a GPU `load_rawmodule` compiles a family once per process.
 
 Details: docs/kernels.md, "minidl/kernels/loader.py".
 """
@@ -102,20 +104,56 @@ def define_options(defines):
     return tuple(f"-D{name}={value}" for name, value in sorted(defines.items()))
 
 
-def compile_options(defines, family=None):
-    """NVRTC options for a family with these constants (CuPy adds -arch from the device); the
-    sources' folder is on the include path for the headers they share. With `family`, the hash of
-    its sources too (-DMINIDL_SOURCES_HASH, for CuPy's cache key: see above)."""
+SM_90A = "sm_90a"  # Hopper's arch-specific features (wgmma, setmaxnreg): runs on compute capability 9.0 only
+ARCH_SPECIFIC = re.compile(r"sm_(\d+)a")
+
+
+def required_arch(module):
+    """The architecture a launcher module's family needs (its ARCH), or None: any CuPy compiles for."""
+    return getattr(module, "ARCH", None)
+
+
+def arch_options(arch):
+    """NVRTC's spelling of `arch` (none for None). CuPy appends its own -arch=sm_XY of the device
+    after the options; NVRTC keeps the arch-specific sm_XYa given first when the numbers agree
+    (tests/kernels/test_nvrtc.py), and `unavailable` keeps every other device from loading it."""
+    return (f"--gpu-architecture={arch}",) if arch else ()
+
+
+def unavailable(arch, compute_capability):
+    """Why a family built for `arch` cannot run on a device of `compute_capability` (CuPy's
+    spelling, "90" for 9.0), or None where it can. None for a capability: the CPU emulator, which
+    runs every family. Arch-specific code (sm_90a) runs on its own capability only, not later ones."""
+    if arch is None or compute_capability is None:
+        return None
+    specific = ARCH_SPECIFIC.fullmatch(arch)
+    number = specific.group(1) if specific else arch.removeprefix("sm_")
+    if specific and str(compute_capability) != number or int(compute_capability) < int(number):
+        capability = f"{int(compute_capability) // 10}.{int(compute_capability) % 10}"
+        return (f"needs {arch} (compute capability {int(number) // 10}.{int(number) % 10}"
+                f"{' exactly' if specific else ' or later'}); this GPU is {capability}")
+    return None
+
+
+def compile_options(defines, family=None, arch=None):
+    """NVRTC options for a family with these constants (CuPy adds -arch from the device; `arch`: the
+    one the family needs, see arch_options); the sources' folder is on the include path for the
+    headers they share. With `family`, the hash of its sources too (-DMINIDL_SOURCES_HASH, for
+    CuPy's cache key: see above)."""
     include = cuda_include_dir()
     sources = (f"-DMINIDL_SOURCES_HASH={sources_hash(family)}",) if family else ()
-    return ("--std=c++17", f"-I{source_dir()}", *((f"-I{include}",) if include else ()), *define_options(defines),
-            *sources)
+    return ("--std=c++17", *arch_options(arch), f"-I{source_dir()}", *((f"-I{include}",) if include else ()),
+            *define_options(defines), *sources)
 
 
 @functools.lru_cache(maxsize=None)
-def load_rawmodule(family, names, defines):
+def load_rawmodule(family, names, defines, arch=None):
     """kernels/<family>.cu as a cupy.RawModule exporting `names` (CuPy name expressions), compiled
-    once per process for this GPU. `defines` is a tuple of (name, value) pairs."""
+    once per process for this GPU (and `arch`, where the family needs one). `defines` is a tuple
+    of (name, value) pairs. A GPU that cannot run `arch` raises, naming it."""
     import cupy
-    return cupy.RawModule(code=source_path(family).read_text(), options=compile_options(dict(defines), family),
+    why_not = unavailable(arch, cupy.cuda.Device().compute_capability)
+    if why_not:
+        raise RuntimeError(f"kernels/{family}.cu {why_not}: its plans are not for this GPU")
+    return cupy.RawModule(code=source_path(family).read_text(), options=compile_options(dict(defines), family, arch),
                           name_expressions=names)

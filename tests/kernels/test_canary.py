@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minidl.kernels import autotune, canary
+from minidl.kernels import autotune, canary, loader
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -39,7 +39,7 @@ def validate_only(names, **options):
 
 
 def test_a_child_that_dies_mid_plan_loses_that_plan_only(device_env):
-    assert [name.split()[1] for name in WGRAD] == ["bf16_128x256", "bf16_256x128", "bf16_128x128"]
+    assert [name.split()[2] for name in WGRAD] == ["bf16_128x256", "bf16_256x128", "bf16_128x128"]
     device_env.setenv("EMULATED_DEVICE_BREAK", "v2")
     device_env.setenv("EMULATED_DEVICE_BREAK_KERNELS", "256, 128, 64")  # the middle one's tile
     recorded = validate_only(WGRAD)
@@ -118,7 +118,7 @@ def test_the_command_line_reuses_the_cache_and_writes_every_plan(device_env, tmp
     assert result.returncode == 1, result.stderr
     written = json.loads((tmp_path / "canary.json").read_text())
     assert written["device"] == "emulator" and written["source_hash"] == canary.source_hash()
-    assert written["counts"] == {"ok": len(canary.PLANS) - 1, "failed": 0, "mismatch": 1}
+    assert written["counts"] == {"ok": len(canary.PLANS) - 1, "failed": 0, "mismatch": 1, "unavailable": 0}
     rows = {row["plan"]: row for row in written["plans"]}
     assert rows.keys() == {p.name for p in canary.PLANS}
     assert rows[WGRAD[2]]["status"] == "ok" and rows[WGRAD[2]]["dtype"] == "bf16"
@@ -178,7 +178,7 @@ def test_the_device_validates_what_its_cache_lacks_and_checks_every_candidate(de
     assert forward and all(c["status"] == "mismatch" and c["max_error"] > autotune.TOLERANCE["bf16"]
                            for c in forward), forward
     assert "not used again" in result.stderr
-    assert json.loads(cache.read_text())["plans"]["conv_fwd bf16_128x128"]["status"] == "mismatch"
+    assert json.loads(cache.read_text())["plans"]["conv_fwd v2 bf16_128x128"]["status"] == "mismatch"
 
 
 def test_the_autotune_bench_on_a_broken_device_chooses_v1(device_env, tmp_path):
@@ -203,3 +203,14 @@ def test_two_ranks_validate_per_node_and_decide_once(tmp_path, mode, ranks_per_n
            "MINIDL_DEVICE_KERNELS": "emulated_device:device", "MINIDL_CACHE": str(tmp_path),
            "MINIDL_RANKS_PER_NODE": ranks_per_node}
     assert run_checks("check_tuner_agreement.py", 2, mode, env=env, timeout=300).startswith("2 ranks passed")
+
+
+def test_a_family_the_device_cannot_run_is_recorded_unavailable_and_never_started(monkeypatch):
+    """v2 declared sm_90a, the device 8.0: every plan recorded unavailable with the reason, no child run."""
+    from minidl.kernels import conv_v2
+    monkeypatch.setattr(conv_v2, "ARCH", loader.SM_90A, raising=False)
+    monkeypatch.setattr(canary, "run_child", lambda *args: pytest.fail("a child was started"))
+    recorded = {}
+    canary.validator(compute_capability="80")({}, lambda name, record, persist=True: recorded.setdefault(name, record))
+    assert list(recorded) == [p.name for p in canary.PLANS]
+    assert all(r["status"] == "unavailable" and "needs sm_90a" in r["error"] for r in recorded.values())

@@ -90,7 +90,8 @@ SOURCES["ptx_selftest"] = (ptx_selftest.SOURCE, ptx_selftest.KERNELS, {})
 @pytest.mark.parametrize("family", list(SOURCES))
 def test_compiles_with_nvrtc(nvrtc, family):
     path, names, defines = SOURCES[family]
-    options = loader.compile_options(defines, family if family in FAMILIES else None) + CUPY_ADDS + REPORT
+    arch = loader.required_arch(FAMILIES[family]) if family in FAMILIES else None
+    options = loader.compile_options(defines, family if family in FAMILIES else None, arch) + CUPY_ADDS + REPORT
     # named by its path, the program finds its quoted includes next to it (CuPy's, by the -I of
     # loader.compile_options)
     ok, log, lowered = nvrtc.compile(path.read_text(), str(path), options, names)
@@ -102,3 +103,36 @@ def test_compiles_with_nvrtc(nvrtc, family):
     assert set(resources) == set(lowered.values()), "ptxas reported other kernels than the name expressions"
     for mangled, r in resources.items():
         assert r["spill_store_bytes"] == r["spill_load_bytes"] == r["stack_bytes"] == 0, f"{mangled} spills: {r}"
+
+
+# wgmma and setmaxnreg exist on sm_90a only (PTX ISA: "requires sm_90a")
+WGMMA_KERNEL = r"""
+extern "C" __global__ void wgmma_probe(float* out, unsigned long long a, unsigned long long b) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    asm volatile("wgmma.fence.sync.aligned;\n");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(a), "l"(b));
+    asm volatile("wgmma.commit_group.sync.aligned;\n");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    for (int i = 0; i < 4; ++i) out[threadIdx.x * 4 + i] = d[i];
+}
+"""
+
+
+def test_the_sm_90a_spelling_compiles_wgmma_after_cupys_own_arch(nvrtc):
+    """loader's options for sm_90a, then CuPy's -arch=sm_90 of the device: NVRTC builds sm_90a
+    and wgmma compiles; CuPy's option alone (the family's arch not declared) fails in ptxas."""
+    ok, log, _ = nvrtc.compile(WGMMA_KERNEL, "probe.cu", loader.compile_options({}, arch=loader.SM_90A) + CUPY_ADDS, [])
+    assert ok, log
+    ok, log, _ = nvrtc.compile(WGMMA_KERNEL, "probe.cu", loader.compile_options({}) + CUPY_ADDS, [])
+    assert not ok and "not supported on .target 'sm_90'" in log, log
+
+
+@pytest.mark.parametrize("arch, capability, why", [
+    (None, "80", None), ("sm_90a", None, None), ("sm_90a", "90", None), ("sm_80", "90", None),
+    ("sm_90a", "80", "needs sm_90a (compute capability 9.0 exactly); this GPU is 8.0"),
+    ("sm_90a", "100", "needs sm_90a (compute capability 9.0 exactly); this GPU is 10.0"),
+    ("sm_90", "86", "needs sm_90 (compute capability 9.0 or later); this GPU is 8.6")])
+def test_which_device_runs_which_arch(arch, capability, why):
+    assert loader.unavailable(arch, capability) == why
