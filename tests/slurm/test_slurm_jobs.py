@@ -39,7 +39,7 @@ def scaled_job_script(folder):
     """docs/slurm.sbatch without its sizing lines: the same srun line, requeue and output mode."""
     lines = [line for line in JOB_SCRIPT.read_text().splitlines()
              if not (line.startswith("#SBATCH") and line.split()[1].split("=")[0] in SIZING)]
-    assert any(line.startswith("srun --mpi=pmi2 ") for line in lines)
+    assert any(line.startswith("srun --mpi=pmi2 --kill-on-bad-exit=1 ") for line in lines)
     path = folder / "job.sbatch"
     path.write_text("\n".join(lines) + "\n")
     return path
