@@ -28,7 +28,7 @@ from minidl.training.evaluator import Evaluator
 from minidl.training.memory import naming_the_batch
 from minidl.training.outputs import RunOutputs, check_writable
 from minidl.training.position import EpochTotals, Position
-from minidl.training.preemption import StopRequest
+from minidl.training.preemption import StopRequest, stopped_line
 from minidl.training.state import RunState, adopt_checkpoint_batches, find_resume_point
 from minidl.training.steps import EagerStep, GraphedTrainStep
 from minidl.training.stragglers import Stragglers
@@ -293,13 +293,12 @@ def run(config):
                 stopped, = trainer.any_rank(stop.requested is not None)
             else:  # asked to stop inside the epoch
                 path, stopped = trainer.save_checkpoint(), True
-    if trainer.trace is not None:
-        trainer.trace.finish()
-    if stopped:
-        outputs.notice(f"stopped by {stop.requested or 'a signal to another rank'} at iteration {position.iteration}; "
-                       f"checkpoint {path}. Resume with: python train.py --resume auto --output-dir {outputs.dir} "
-                       "(and the same flags)")
-        return {"preempted": True, "checkpoint": str(path), "iteration": position.iteration}
+        if trainer.trace is not None:
+            trainer.trace.finish()
+        if stopped:  # still inside StopRequest: the scheduler's repeated signals stay harmless
+            if comm.rank == 0:
+                outputs.notice(stopped_line(stop.requested, position.iteration, path, outputs.dir))
+            return {"preempted": True, "checkpoint": str(path), "iteration": position.iteration}
 
     summary = dict(metrics, model=config.model, epochs=config.epochs, world_size=comm.size,
                    global_batch=metrics.get("global_batch"), wall_time=time.perf_counter() - wall_start,

@@ -9,6 +9,7 @@ Details: docs/distributed.md, "minidl/distributed/watcher.py".
 """
 import atexit
 import os
+import signal
 import socket
 
 _pipe = None
@@ -26,6 +27,8 @@ def watch(rank, size):
     if os.fork() == 0:  # the watcher
         os.close(write_end)
         os.setsid()  # out of the rank's process group: the launcher's kill of the rank spares it
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):  # a scheduler's stop is the rank's to answer
+            signal.signal(signum, signal.SIG_IGN)
         news = os.read(read_end, 1)
         if not news:
             os.write(2, note.encode())
@@ -39,6 +42,9 @@ def disarm():
     """Tell the watcher this rank ends on purpose (a normal exit, or an abort it reported itself)."""
     global _pipe
     if _pipe is not None:
-        os.write(_pipe, b"x")
+        try:
+            os.write(_pipe, b"x")
+        except BrokenPipeError:  # the watcher is gone (a kill of the whole job): nobody to tell
+            pass
         os.close(_pipe)
         _pipe = None
