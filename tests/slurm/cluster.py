@@ -5,6 +5,7 @@ cancels the jobs, stops the daemons and removes the folder. docs/distributed.md,
 machine", shows the same by hand.
 """
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,10 +36,10 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def configuration(root, munge_socket, mpi_plugins):
+def configuration(root, munge_socket, mpi_plugins, first_job_id):
     """slurm.conf of one node, this machine with its CPUs, processes tracked without cgroups."""
     host = socket.gethostname().split(".")[0]
-    lines = [f"ClusterName=minidltest", f"SlurmctldHost={host}(127.0.0.1)",
+    lines = [f"ClusterName=minidltest", f"FirstJobId={first_job_id}", f"SlurmctldHost={host}(127.0.0.1)",
              f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}", "SlurmUser=root", "SlurmdUser=root",
              "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket},cred_expire={CRED_EXPIRE}",
              f"StateSaveLocation={root}/state", f"SlurmdSpoolDir={root}/spool",
@@ -59,6 +60,11 @@ class SlurmCluster:
         self.root = Path(root)
         self.env = {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf")}
         self.munge_socket = self.root / "munge" / "munge.socket"
+        # MPICH names a job's shared-memory segment after its PMI job id ("1.0"), and a task that
+        # was killed leaves it in /dev/shm, where the next job of that id would read its stale
+        # addresses in MPI_Init: each cluster numbers its jobs from a fresh start.
+        self.first_job_id = random.randrange(10**6, 6 * 10**7)  # below Slurm's MaxJobId
+        self.segments_before = set(shared_memory_segments())
 
     def start(self):
         """Key, munged, configuration, slurmctld and slurmd; returns once sinfo shows the node idle."""
@@ -72,10 +78,10 @@ class SlurmCluster:
         self.run("munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
                  f"--log-file={munge}/munged.log", f"--pid-file={munge}/munged.pid", f"--seed-file={munge}/munged.seed")
         (self.root / "plugstack.conf").write_text("")
-        (self.root / "slurm.conf").write_text(configuration(self.root, self.munge_socket, ""))
+        (self.root / "slurm.conf").write_text(configuration(self.root, self.munge_socket, "", self.first_job_id))
         listed = self.run("srun", "--mpi=list")
         plugins = listed.stdout + listed.stderr
-        (self.root / "slurm.conf").write_text(configuration(self.root, self.munge_socket, plugins))
+        (self.root / "slurm.conf").write_text(configuration(self.root, self.munge_socket, plugins, self.first_job_id))
         self.run("slurmctld", "-i")
         self.run("slurmd")
         self.wait_for(lambda: self.run("sinfo", "-h", "-o", "%t", check=False).stdout.strip() == "idle", 60,
@@ -120,7 +126,25 @@ class SlurmCluster:
             path = self.root / pid_file
             if path.exists():
                 stop(int(path.read_text()))
+        for segment in set(shared_memory_segments()) - self.segments_before - mapped_files():
+            segment.unlink(missing_ok=True)  # left by this cluster's killed tasks
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def shared_memory_segments():
+    return Path("/dev/shm").glob("mpich_shm_*")
+
+
+def mapped_files():
+    """The paths some process of this machine has mapped."""
+    paths = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            paths.update(Path(line.split(None, 5)[5].strip()) for line in maps.read_text().splitlines()
+                         if line.count(" ") >= 5 and "/dev/shm/" in line)
+        except (OSError, IndexError):
+            pass
+    return paths
 
 
 def alive(pid):
