@@ -198,7 +198,8 @@ def test_the_list_names_the_52_runs_and_which_are_done(tmp_path, capsys):
     store.add({**provenance(), "row": done_row.key, "seed": 100, "val_error": 4.0,
                "settings": settings_of(config(done_row, 100), design)})
     assert store.records[0]["kernel"] == blas_kernel()
-    flags = ["--parts", "6", "--list", "--output-dir", str(tmp_path / "out"), "--store", str(store.path)]
+    flags = ["--parts", "6", "--list", "--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"),
+             "--store", str(store.path)]
     assert cli.main(flags) == 0
     lines = capsys.readouterr().out.splitlines()
     part6 = lines[lines.index(next(line for line in lines if line.startswith("part 6, tuning"))):]
@@ -218,8 +219,9 @@ def test_the_list_names_the_52_runs_and_which_are_done(tmp_path, capsys):
     (["--list", "--parts", "6,2"], "--list lists parts 1 and 6"),
 ])
 def test_bad_part_6_flags_get_one_line_and_exit_code_2(tmp_path, capsys, flags, message):
-    base = ["--output-dir", str(tmp_path / "out"), "--seeds", "0,1", "--batch-seeds", "0,1", "--max-batch", "64",
-            "--train-per-class", "52", "--parts", "6", "--protocol-b-star", "32"]
+    base = ["--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--seeds", "0,1",
+            "--batch-seeds", "0,1", "--max-batch", "64", "--train-per-class", "52", "--parts", "6",
+            "--protocol-b-star", "32"]
     assert cli.main(base + flags) == 2
     assert message in error_line(capsys)
     assert not (tmp_path / "out" / "runs").exists()
