@@ -1,8 +1,6 @@
 """The canary: every convolution kernel after v1 (the families of `VALIDATED`) run once against
 v1, in child processes, before the autotuner may use it on this device and these sources
-(minidl.kernels.autotune).
-
-Child processes, because an illegal address on a GPU loses the CUDA context for good: when a
+(minidl.kernels.autotune). Child processes, because an illegal address on a GPU loses the CUDA context for good: when a
 child dies, the plan it was running is recorded failed and a new child runs the rest. The plans
 (`PLANS`) cover each family, pass, data type, tile and batch-norm fusion, unsplit and split, at
 small shapes that end inside every tile; a family the device cannot run (its ARCH) is recorded

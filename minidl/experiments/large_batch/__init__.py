@@ -4,8 +4,8 @@ Goyal et al.'s and Mikami et al.'s questions asked of this engine at a size two 
 answer within hours: error vs k·n and the critical batch B* (with its bootstrap distribution
 over seeds), warmup at B* and 2·B*, batch-size control, LARS past B* (also under You et al.'s
 protocol, protocol.py), label smoothing on noisy labels. Rows differ in one knob (rows.py); each
-run is cached under OUTPUT/runs and in a run store (store.py) that git carries between machines,
-so a study resumes and a finished one only redraws; spread.py compares BLAS kernels.
+run is cached under OUTPUT/runs (an interrupted study resumes, a finished one only redraws) and in
+a run store that git carries (store.py); spread.py compares BLAS kernels.
 
 Details: docs/recipe.md, "minidl/experiments/large_batch/__init__.py".
 """
