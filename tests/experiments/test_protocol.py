@@ -210,6 +210,23 @@ def test_the_list_names_the_52_runs_and_which_are_done(tmp_path, capsys):
     assert not (tmp_path / "out" / "runs").exists()  # nothing trained
 
 
+def test_once_tuned_the_list_names_each_reported_run_at_its_best_rate(tmp_path, capsys):
+    design = Design()
+    best = {(batch, opt): LARS_RATES[1] if opt == "lars" else SGD_RATES[2] for batch, opt in rows.protocol_cells(design)}
+    error = fake_errors(design, best)
+    store = Store(tmp_path / "store.jsonl")
+    for row in rows.protocol_tuning_rows(design):
+        store.add({**provenance(), "row": row.key, "seed": 100, "val_error": error(row, 100),
+                   "settings": settings_of(config(row, 100), design)})
+    assert cli.main(["--parts", "6", "--list", "--output-dir", str(tmp_path / "out"), "--cache-dir",
+                     str(tmp_path / "cache"), "--store", str(store.path)]) == 0
+    out = capsys.readouterr().out
+    assert "part 6, tuning on seed 100: 31 runs, 31 done" in out and out.endswith("part 6 in all: 52 runs, 31 done\n")
+    for (batch, opt), rate in best.items():
+        for seed in (0, 1, 2):
+            assert f"  {protocol_row(batch, opt, rate).name}, seed {seed}: to train\n" in out
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--protocol-b-star", "96"], "--protocol-b-star 96 is not 32 times a power of two"),
     (["--protocol-b-star", "256"], "raise --train-per-class or lower --protocol-b-star"),
