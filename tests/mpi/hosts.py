@@ -2,8 +2,9 @@
 
 A host is a set of Linux namespaces held open by one sleeping process: its own network stack
 (an address on a private subnet, behind a veth pair), its own host name (UTS), its own System V
-shared memory (IPC) and its own /dev/shm and /tmp (mount; the test's shared folder is mounted
-back at the same path, as a cluster's shared file system). A "login" namespace holds the bridge
+shared memory (IPC) and its own /dev/shm and /tmp (mount; the test's shared folder, the
+repository and Python's environment are mounted back at their paths where they lie under /tmp,
+as a cluster's shared file system). A "login" namespace holds the bridge
 that joins the hosts' links and runs mpiexec; hydra's ssh launcher is pointed at a script that
 runs its proxy inside the named host's namespaces (nsenter). Nothing is made in the machine's
 own namespaces, so nothing collides with other work: every interface and address lives and
@@ -45,24 +46,32 @@ def unavailable():
     return None
 
 
-# Run by each holder inside its new namespaces (sh -c SCRIPT NAME HOSTS_FILE SHARED PRIVATE):
-# the host name, /etc/hosts, and for a host a private /dev/shm and /tmp with the shared folder
-# mounted back at its path (through an open descriptor, taken before /tmp is covered)
+# Run by each holder inside its new namespaces (sh -c SCRIPT NAME HOSTS_FILE MODE FOLDER...):
+# the host name, /etc/hosts, and for a host (MODE private) a private /dev/shm and /tmp with the
+# FOLDERs mounted back at their paths (through open descriptors, taken before /tmp is covered)
 HOLDER = r"""set -e
 hostname "$1"
 mount --bind "$2" /etc/hosts
-if [ "$4" = private ]; then
+if [ "$3" = private ]; then
+    shift 3
     mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-    exec 3<"$3"
+    fd=3; for folder in "$@"; do eval "exec $fd<\"\$folder\""; fd=$((fd + 1)); done
     mount -t tmpfs -o mode=1777 tmpfs /tmp
-    mkdir -p "$3"
-    mount --no-canonicalize --bind /proc/self/fd/3 "$3"
-    exec 3<&-
+    fd=3
+    for folder in "$@"; do
+        mkdir -p "$folder"
+        mount --no-canonicalize --bind /proc/self/fd/$fd "$folder"
+        eval "exec $fd<&-"; fd=$((fd + 1))
+    done
 fi
 ip link set lo up
 echo ready
 exec sleep infinity
 """
+# What every host sees at its own path, as a cluster's shared file system would show it: the
+# repository and this Python's environment (under /tmp in a checkout made there)
+REPOSITORY = Path(__file__).resolve().parents[2]
+
 
 # hydra's ssh launcher runs LAUNCHER [-x] HOST COMMAND...: the proxy, in HOST's namespaces, in
 # mpiexec's folder; it is exec'd, so the launcher's kill of "ssh" reaches the proxy itself
@@ -116,14 +125,19 @@ class Cluster:
         # setpriv: the holder dies with this process, even if it is killed before close()
         holder = subprocess.Popen(
             ["setpriv", "--pdeathsig", "KILL", "unshare", "--net", "--uts", "--ipc", "--mount",
-             "--propagation", "private", "sh", "-c", HOLDER, "holder", name, str(hosts_file), str(self.shared),
-             "shared" if name == LOGIN else "private"],
+             "--propagation", "private", "sh", "-c", HOLDER, "holder", name, str(hosts_file),
+             "shared" if name == LOGIN else "private", *map(str, self.mounted_back())],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         if holder.stdout.readline().strip() != "ready":
             holder.kill()
             holder.wait()
             raise RuntimeError(f"host {name} could not be made: {holder.stderr.read().strip()}")
         return holder
+
+    def mounted_back(self):
+        """The folders under /tmp a host must see at their paths: the shared one, the repository's, Python's."""
+        folders = [self.shared, REPOSITORY, Path(sys.prefix).resolve()]
+        return [folder for folder in folders if Path("/tmp") in folder.resolve().parents]
 
     def address(self, name):
         return f"{SUBNET}.1" if name == LOGIN else f"{SUBNET}.{10 + self.names.index(name)}"

@@ -76,31 +76,33 @@ def controller_times(slurm, pattern):
 def test_time_limit_checkpoints_requeues_and_the_next_allocation_resumes_exactly(slurm, data, tmp_path):
     require_mpi()
     chain, reference = tmp_path / "chain", tmp_path / "reference"
-    # 9 epochs take about 90 s of the two cores; the run beside it halves that pace, so the
-    # first allocation meets its limit (60 to 90 s: slurmctld looks every 30 s) well before the end
-    flags = training_flags(data, chain, epochs=9)
+    # 20 epochs take 100 to 300 s of the two cores beside the uninterrupted run, so the first
+    # allocation meets its limit (60 to 90 s: slurmctld looks every 30 s) well before the end on
+    # an idle machine as on a loaded one; a loaded machine needs a third allocation, or more
+    flags = training_flags(data, chain, epochs=20)
     output = tmp_path / "job.out"
     job = slurm.run("sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--time=1", f"--output={output}",
                     f"--chdir={REPO}", str(scaled_job_script(tmp_path)), *flags, env=job_environment(slurm)).stdout
     job = job.strip().split(";")[0]
-    uninterrupted = subprocess.run(command(data, reference, "--print-freq", 5, ranks=2, epochs=9),
-                                   capture_output=True, text=True, env=environment(), timeout=300)
+    uninterrupted = subprocess.run(command(data, reference, "--print-freq", 5, ranks=2, epochs=20),
+                                   capture_output=True, text=True, env=environment(), timeout=600)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
-    record = wait_for_job(slurm, job, lambda r: r.get("JobState") in ("COMPLETED", "FAILED"), 240, output)
+    record = wait_for_job(slurm, job, lambda r: r.get("JobState") in ("COMPLETED", "FAILED"), 600, output)
     assert record["JobState"] == "COMPLETED", read(output)
     out = read(output)
     stops = re.findall(r"minidl: time limit reached: checkpoint at iteration (\d+) \((.*)\), job requeued", out)
-    assert len(stops) == 1, out
-    iteration, checkpoint = int(stops[0][0]), Path(stops[0][1])
+    assert stops, out
     resumed = re.findall(r"minidl: resumed from (.*) at epoch (\d+), step (\d+), iteration (\d+)", out)
-    assert [(str(checkpoint), int(resumed[0][3]))] == [(path, int(i)) for path, _, _, i in resumed], out
+    assert [(path, int(i)) for i, path in stops] == [(path, int(i)) for path, _, _, i in resumed], out
     assert "Traceback" not in out and "died without finishing" not in out, out
-    limit, = controller_times(slurm, f"Time limit exhausted for JobId={job}")
-    requeued, = controller_times(slurm, f"Requeuing JobId={job}")
-    print(f"the stop at the limit: iteration {iteration} (epoch {resumed[0][1]}, step {resumed[0][2]}); the job's "
-          f"tasks had ended {requeued - limit:.1f} s after the limit (KillWait {KILL_WAIT} s)")
-    assert requeued - limit < KILL_WAIT
-    assert slurm.job(job)["Restarts"] == "1"
+    limits = controller_times(slurm, f"Time limit exhausted for JobId={job}")
+    requeues = controller_times(slurm, f"Requeuing JobId={job}")
+    assert len(limits) == len(requeues) == len(stops), slurm.logs()
+    ended = [requeued - limit for limit, requeued in zip(limits, requeues)]
+    print(f"{len(stops)} stops at the limit, at iterations {[int(i) for i, _ in stops]}; the job's tasks had ended "
+          f"{', '.join(f'{seconds:.1f}' for seconds in ended)} s after each limit (KillWait {KILL_WAIT} s)")
+    assert max(ended) < KILL_WAIT
+    assert slurm.job(job)["Restarts"] == str(len(stops))
     assert_same_run(chain, reference)
 
 
