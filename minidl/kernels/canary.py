@@ -1,14 +1,11 @@
-"""The canary: every convolution kernel after v1 (the families of `VALIDATED`) run once against
-v1, in child processes, before the autotuner may use it on this device and these sources
-(minidl.kernels.autotune).
-
-Child processes, because an illegal address on a GPU loses the CUDA context for good: when a
-child dies, the plan it was running is recorded failed and a new child runs the rest. The plans
-(`PLANS`) cover each family, pass, data type, tile and batch-norm fusion, unsplit and split, at
-small shapes that end inside every tile; a family the device cannot run (its ARCH: v3 needs
-sm_90a), or one the caller skips (`--skip v3 --reason WHY`: the GPU check, after the wgmma
-self-test failed), is recorded unavailable, with the reason, and never started.
-`python -m minidl.kernels.canary --json FILE` validates alone.
+"""The canary: every convolution kernel after v1 (v2, v3: `VALIDATED`) run once against v1, in
+child processes, before the autotuner may use it on this device and these sources
+(minidl.kernels.autotune): an illegal address loses a CUDA context for good, so when a child dies
+its plan is recorded failed and a new child runs the rest. The plans (`PLANS`) cover each family,
+pass, data type, tile and fusion, unsplit and split, at small shapes that end inside every tile;
+a family the device cannot run (its ARCH) or the caller skips (`--skip v3 --reason WHY`) is
+recorded unavailable with the reason, never started. `python -m minidl.kernels.canary --json
+FILE` validates alone.
 
 Details: docs/kernels.md, "minidl/kernels/canary.py".
 """

@@ -1,15 +1,12 @@
 """Launcher of kernels/conv_v3.cu: the bf16 convolution passes on Hopper's warpgroup MMA (wgmma),
 a producer warpgroup filling shared-memory stages with cp.async and consumer warpgroups
 multiplying them, synchronized by mbarriers (the opening comment of the .cu explains them).
-Built for sm_90a only (`ARCH`): a device of another compute capability records every v3 plan
-unavailable (minidl.kernels.canary) and never runs one.
-
+Built for sm_90a only (`ARCH`: another GPU records every v3 plan unavailable, never runs one).
 A `V3Tile` is written once, here, and reaches conv_v3.cu as template arguments; `launch` runs one
-pass with a given split of the reduction, with conv_v2.cu's splitk_reduce_v2 summing the splits.
-No TF32 (wgmma reads 32-bit operands K-major only, and grad-weight's are MN-major) and no fused
-batch norm on this path.
+pass with a given split of the reduction, conv_v2.cu's splitk_reduce_v2 summing the splits. No
+TF32 (wgmma reads 32-bit operands K-major only, grad-weight's are MN-major), no fused batch norm.
 
-Details: docs/kernels.md, "v3".
+Details: docs/kernels.md, "Convolution kernels v3 (wgmma, sm_90a)".
 """
 import numpy
 

@@ -1,5 +1,4 @@
-"""Where the CUDA sources are, and how a family of kernels becomes a loaded module.
-
+"""Where the CUDA sources are, and how a family of kernels becomes a loaded module:
 `source_path(family)` is kernels/<family>.cu, from a checkout or the installed wheel
 (`minidl.cuda_sources`). `compile_options(defines)` are a family's NVRTC options: every constant
 a launcher shares with its kernel is written once, in the launcher, and reaches the compiler as

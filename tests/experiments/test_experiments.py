@@ -203,7 +203,7 @@ def test_study_rows_follow_b_star():
     (["--ls-seeds", "3,3"], "--ls-seeds 3,3 repeats a seed"),
     (["--lars-lr", "0"], "--lars-lr must be positive, got 0"),
     (["--lr-sweep", "0.1", "--tune-batch", "48"], "--tune-batch 48 is not 32·2^j"),
-    (["--parts", "1,6"], "--parts 1,6: the study's parts are 1 to 5"),
+    (["--parts", "1,7"], "--parts 1,7: the study's parts are 1 to 6"),
     (["--ls-train-per-class", "4"], "raise --ls-train-per-class or lower --max-batch"),
 ])
 def test_bad_flags_get_one_line_and_exit_code_2(tmp_path, capsys, flags, message):

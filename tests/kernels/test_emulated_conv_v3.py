@@ -13,11 +13,13 @@ import pytest
 import emulator
 import oracle
 from emulated_device import emulated_module
+from minidl.bench.kernels import resnet50_convs
 from minidl.kernels import conv_v3, loader
 from minidl.kernels.autotune import Plan
 from minidl.kernels.launch import Launcher
 from test_emulated_conv_v2 import run_pass
 from v3_shapes import SHAPES  # the GPU check runs the same shapes (gpu_cases.py)
+
 CASES = [(tile.name, conv_pass, shape) for tile in conv_v3.TILES.values() for conv_pass, shapes in SHAPES.items()
          if tile.serves(conv_pass) for shape in shapes]
 
@@ -96,3 +98,27 @@ def test_v3_equals_v2_bit_for_bit(v3, emulated, conv_pass, shape):
     theirs, _ = run_pass(emulated, "bf16", conv_pass, shape, Plan("v2", "bf16_128x128"))
     ours, _ = run_pass(v3, "bf16", conv_pass, shape, Plan("v3", "bf16_128x128"))
     assert numpy.array_equal(ours, theirs), f"{conv_pass} {shape}"
+
+
+def resnet50_cases():
+    """Every distinct ResNet-50 convolution a v3 tile serves, each pass, at batch 1 and 56-pixel
+    images (its channels, filters and strides; the sides a quarter of 224's, which the GPU check
+    runs), the tiles taken in turn so that each meets several layers."""
+    cases = []
+    for name, shape in resnet50_convs(1, image=56).items():
+        for conv_pass in SHAPES:
+            tiles = [tile.name for tile in conv_v3.TILES.values()
+                     if tile.serves(conv_pass) and tile.fits(conv_pass, conv_v3.V3Tile.dtype, geometry_of(shape))]
+            if tiles:
+                cases.append((f"{name.split(' ')[0]}-{conv_pass}", conv_pass, shape, tiles[len(cases) % len(tiles)]))
+    return cases
+
+
+RESNET50_CASES = resnet50_cases()
+
+
+@pytest.mark.slow  # about a minute: layer4's 512 to 2,048 channels
+@pytest.mark.parametrize("name, conv_pass, shape, tile", RESNET50_CASES, ids=[f"{c[0]}-{c[3]}" for c in RESNET50_CASES])
+def test_v3_on_resnet50_layer_shapes(v3, name, conv_pass, shape, tile):
+    ours, reference = run_pass(v3, "bf16", conv_pass, shape, Plan("v3", tile))
+    oracle.assert_close(ours, reference, oracle.TOLERANCE["bf16"], f"{name} {tile} {shape}")

@@ -17,17 +17,20 @@ from test_docs import FENCE, ROOT, defines, python_qualnames
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+COMPILER_OPTIONS = {"--gpu-architecture"}  # NVRTC's, named in prose without a command
 
 # ---- commands and their flags -------------------------------------------------------------------
 
 # Where a command starts in a line of code, and which source declares its flags (None: another
 # program's options, not checked). The last start before a flag owns it.
 COMMANDS = [
-    (re.compile(r"\b(?:mpiexec|mpirun|srun|SBATCH|unshare|mount|pip|nvcc|ncu|compute-sanitizer|pytest|git)\b"), None),
+    (re.compile(r"\b(?:mpiexec|mpirun|srun|sbatch|SBATCH|scancel|scontrol|munged|apt-get|unshare|mount|pip|nvcc|ncu"
+                r"|compute-sanitizer|pytest|git)\b"), None),
     (re.compile(r"\btrain\.py\b|\bminidl-train\b|-m minidl\.train\b"), "train"),
     (re.compile(r"\bminidl-plan\b"), "minidl.plan"),
     (re.compile(r"\bminidl-prepare-imagenet\b|\bprepare_imagenet\.py\b"), "minidl.data.prepare_imagenet"),
     (re.compile(r"\bgpu_check\.sh\b"), "tests/gpu_check.sh"),
+    (re.compile(r"\bptx_selftest\.py\b"), "tests/kernels/ptx_selftest.py"),
     (re.compile(r"-m (minidl(?:\.\w+)+)(?: (\w+))?"), "module"),
 ]
 
@@ -76,7 +79,7 @@ def command_flags(command, sub=None):
         return trainer_flags()
     if command == "minidl.plan" and sub is None:
         return planner_flags()
-    if command.endswith(".sh"):
+    if command.endswith((".sh", ".py")):
         return frozenset(declared_flags([ROOT / command]))
     return frozenset(declared_flags(module_sources(command, sub)))
 
@@ -109,7 +112,13 @@ def code_lines(markdown):
     lines = []
     for start, block in fenced.items():
         first = markdown.count("\n", 0, start) + 1
-        lines += [(first + i, line.split(" #")[0]) for i, line in enumerate(block.splitlines()[1:-1])]
+        command = ""  # a line ending in a backslash continues on the next: one command, numbered by its first line
+        for i, line in enumerate(block.splitlines()[1:-1]):
+            opened = i if not command else opened
+            command += line.split(" #")[0]
+            if not command.endswith("\\"):
+                lines.append((first + opened, command))
+                command = ""
     prose = FENCE.sub(lambda m: "\n" * m.group().count("\n"), markdown)
     for number, line in enumerate(prose.splitlines(), 1):
         lines += [(number, span.replace("\\|", "|")) for span in INLINE_CODE.findall(line)]  # a table's \| is |
@@ -121,7 +130,7 @@ def flag_problems(markdown):
     for number, code in code_lines(markdown):
         for match in FLAG.finditer(code):
             command = owner(code, match.start())
-            if command and command[0] == "other":
+            if command and command[0] == "other" or match.group() in COMPILER_OPTIONS:
                 continue
             known = command_flags(*command) if command else every_command_flag()
             if match.group() not in known:

@@ -2,11 +2,10 @@
 
 Goyal et al.'s and Mikami et al.'s questions asked of this engine at a size two CPU cores
 answer within hours: error vs k·n and the critical batch B* (with its bootstrap distribution
-over seeds), warmup at B* and 2·B*, batch-size control, LARS past B*, label smoothing on noisy
-labels. Every row differs from its peers in one knob only (rows.py); each run is cached under
-OUTPUT/runs, so an interrupted study resumes and a finished one only redraws, and in a run
-store (store.py) that git carries between machines; part 1 under several BLAS kernels, with
-B* over resamples of seeds and kernels, is spread.py.
+over seeds), warmup at B* and 2·B*, batch-size control, LARS past B* (also under You et al.'s
+protocol, protocol.py), label smoothing on noisy labels. Rows differ in one knob (rows.py); each
+run is cached under OUTPUT/runs (an interrupted study resumes, a finished one only redraws) and in
+a run store that git carries (store.py); spread.py compares BLAS kernels.
 
 Details: docs/recipe.md, "minidl/experiments/large_batch/__init__.py".
 """

@@ -10,10 +10,12 @@ from minidl.data.embedded import DIFFICULTIES
 from minidl.environment import cache_dir as default_cache_dir
 from minidl.errors import UserError
 from minidl.experiments.large_batch import PROG
+from minidl.experiments.large_batch.listing import listing
 from minidl.fileio import writable
 from minidl.models import MODELS
-from minidl.experiments.large_batch.rows import (LARS_MULTIPLES, N, PARTS, Design, batch_rows, config_for, control_rows,
-                                                 lars_rows, smoothing_rows, warmup_rows)
+from minidl.experiments.large_batch.rows import (DEFAULT_PARTS, LARS_MULTIPLES, N, PARTS, Design, batch_rows,
+                                                 config_for, control_rows, lars_rows, protocol_tuning_rows,
+                                                 smoothing_rows, warmup_rows)
 
 DEFAULTS = Design()
 
@@ -45,8 +47,11 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=DEFAULTS.lr, help=f"the reference rate, per {N} images")
     p.add_argument("--lr-sweep", type=numbers(float), metavar="RATES",
                    help=f"instead of the study: train k·n = {N} at each reference rate and name the best")
-    p.add_argument("--parts", type=numbers(int), default=PARTS,
-                   help="which parts to run and report, comma-separated (part 1 always: B* rests on it)")
+    p.add_argument("--parts", type=numbers(int), default=DEFAULT_PARTS,
+                   help="which parts to run and report, comma-separated (part 1 always: B* rests on it; part 6 "
+                        "only where named)")
+    p.add_argument("--list", action="store_true",
+                   help="print the runs of part 1 and part 6 the command would make, and which are done, then stop")
     p.add_argument("--tune", choices=("sgd", "lars", "label-noise"), default="sgd",
                    help="with --lr-sweep: the rate of SGD (--lr), of LARS (--lars-lr) or of SGD on part 5's noisy "
                         "data (--ls-lr)")
@@ -71,6 +76,14 @@ def parse_args(argv):
     p.add_argument("--ls-lr", type=float, default=DEFAULTS.ls_lr, help=f"part 5: the reference rate, per {N} images")
     p.add_argument("--ls-seeds", type=numbers(int), default=DEFAULTS.ls_seeds,
                    help="part 5: of the label-smoothing rows, comma-separated")
+    p.add_argument("--protocol-b-star", type=int, default=DEFAULTS.protocol_b_star,
+                   help="part 6: its rows train at 2, 4 and 8 times this global batch")
+    p.add_argument("--protocol-lars-rates", type=numbers(float), default=DEFAULTS.protocol_lars_rates,
+                   help=f"part 6: the LARS rates per {N} tuned at each batch, comma-separated")
+    p.add_argument("--protocol-sgd-rates", type=numbers(float), default=DEFAULTS.protocol_sgd_rates,
+                   help=f"part 6: the SGD rates per {N} tuned at each batch, comma-separated")
+    p.add_argument("--tuning-seed", type=int, default=DEFAULTS.tuning_seed,
+                   help="part 6: the seed its rates are tuned on (not one of --seeds: it is not reported)")
     p.add_argument("--model", default=DEFAULTS.model)
     p.add_argument("--image-size", type=int, default=DEFAULTS.image_size)
     p.add_argument("--difficulty", choices=sorted(DIFFICULTIES), default=DEFAULTS.difficulty)
@@ -88,12 +101,14 @@ def parse_args(argv):
 
 def design_of(args):
     design = Design(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Design)})
-    check(design, args.lr_sweep)
+    check(design, args.lr_sweep, args.parts)
     return design
 
 
-def check(design, sweep_rates=None):
+def check(design, sweep_rates=None, parts=DEFAULT_PARTS):
     """The study's own constraints (the engine checks the rest of each run's configuration)."""
+    if not set(parts) <= set(PARTS):
+        raise UserError(f"--parts {','.join(map(str, parts))}: the study's parts are 1 to {PARTS[-1]}")
     for flag in ("epochs", "image_size", "train_per_class", "val_per_class", "ls_train_per_class"):
         if getattr(design, flag) <= 0:
             raise UserError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(design, flag)}")
@@ -103,7 +118,10 @@ def check(design, sweep_rates=None):
         if not 0 <= getattr(design, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} {getattr(design, flag):g} is not a fraction in [0, 1)")
     rates = [("--lr", design.lr), ("--lars-lr", design.lars_lr), ("--ls-lr", design.ls_lr)]
-    for flag, rate in rates + [("--lr-sweep", rate) for rate in sweep_rates or ()]:
+    for flag, rate in rates + [(flag, rate) for flag, listed in (("--lr-sweep", sweep_rates or ()),
+                                                                  ("--protocol-lars-rates", design.protocol_lars_rates),
+                                                                  ("--protocol-sgd-rates", design.protocol_sgd_rates))
+                               for rate in listed]:
         if not rate > 0:  # nan included
             raise UserError(f"{flag} must be positive, got {rate:g}")
     if design.epochs < 2:
@@ -137,14 +155,35 @@ def check(design, sweep_rates=None):
     if design.noisy().train_size < 2 * design.max_batch:
         raise UserError(f"{design.noisy().train_size} training images of part 5 hold less than one batch of 2 × "
                         f"--max-batch = {2 * design.max_batch}: raise --ls-train-per-class or lower --max-batch")
-    for row_design, row in reachable_rows(design):  # the engine's checks now, not hours into the study
+    if 6 in parts:
+        check_protocol(design)
+    for row_design, row in reachable_rows(design, parts):  # the engine's checks now, not hours into the study
         config_for(row, 0, row_design, ".", ".").resolved()
 
 
-def reachable_rows(design):
+def check_protocol(design):
+    """Part 6's own constraints."""
+    batch = design.protocol_b_star
+    if batch < N or batch % N or (batch // N) & (batch // N - 1):
+        raise UserError(f"--protocol-b-star {design.protocol_b_star} is not {N} times a power of two: use e.g. 128")
+    largest = LARS_MULTIPLES[-1] * design.protocol_b_star
+    if design.train_size < largest:
+        raise UserError(f"{design.train_size} training images hold less than one batch of {LARS_MULTIPLES[-1]} × "
+                        f"--protocol-b-star = {largest}: raise --train-per-class or lower --protocol-b-star")
+    for flag, rates in (("--protocol-lars-rates", design.protocol_lars_rates),
+                        ("--protocol-sgd-rates", design.protocol_sgd_rates)):
+        if len(set(rates)) != len(rates):
+            raise UserError(f"{flag} {','.join(f'{rate:g}' for rate in rates)} repeats a rate: list each once")
+    if design.tuning_seed in design.seeds:
+        raise UserError(f"--tuning-seed {design.tuning_seed} is one of --seeds: the tuning seed is not reported, "
+                        "choose another (e.g. 100)")
+
+
+def reachable_rows(design, parts=DEFAULT_PARTS):
     """Every (design, row) the study can train, whichever batch B* turns out to be."""
     batches = [row.batch for row in batch_rows(design)]
     rows = [row for b in batches for row in warmup_rows(b) + control_rows(b, design) + lars_rows(b)]
+    rows += protocol_tuning_rows(design) if 6 in parts else []
     noisy = [row for b in batches for row in smoothing_rows(b, design)]
     return [(design, row) for row in batch_rows(design) + rows] + [(design.noisy(), row) for row in noisy]
 
@@ -217,12 +256,13 @@ def study_command(argv):
     try:
         args = parse_args(argv)
         design = design_of(args)
-        if not set(args.parts) <= set(PARTS):
-            raise UserError(f"--parts {','.join(map(str, args.parts))}: the study's parts are 1 to 5")
         if args.tune_batch < N or args.tune_batch & (args.tune_batch - 1) or args.tune_batch > design.train_size:
             raise UserError(f"--tune-batch {args.tune_batch} is not {N}·2^j within the {design.train_size} training "
                             f"images: use e.g. {2 * N}")
         check_kernels(args)
+        if args.list and (set(args.parts) - {1, 6} or args.lr_sweep or (args.kernels and len(args.kernels) > 1)):
+            raise UserError("--list lists parts 1 and 6 of one kernel (the rows of parts 2-5 follow part 1's B*): "
+                            "use it with --parts 6, at most one --kernels and no --lr-sweep")
         use_device(args.device, argv)
         output_dir, cache_dir = (writable(flag, path, folder=True) for flag, path in
                                   (("--output-dir", args.output_dir), ("--cache-dir", args.cache_dir)))
@@ -230,6 +270,9 @@ def study_command(argv):
         if args.kernels and len(args.kernels) > 1:
             return part1_per_kernel(args.kernels, argv, design, output_dir, store)
         use_kernel(args.kernels[0] if args.kernels else None, argv)
+        if args.list:
+            print(listing(design, args.parts, output_dir, cache_dir, store), end="")
+            return 0
         if args.lr_sweep:
             text, best = study.lr_sweep(design, args.lr_sweep, output_dir, cache_dir, args.tune, args.tune_batch,
                                         store)

@@ -68,24 +68,38 @@ def check_settings(run_dir, recorded, settings):
                         "--output-dir, or delete that folder to redo the run")
 
 
-def run_once(row, seed, design, data, output_dir, store=None):
-    """The result of `row` with `seed` (a dict, `cached` true when nothing was trained): from its run
-    folder, else from `store` (a Store, or None), else trained now and added to both."""
+def prepared(row, seed, design, data, output_dir):
+    """The run folder, configuration and settings of `row` with `seed`, the configuration checked."""
     run_dir = Path(output_dir) / "runs" / f"{row.key}-seed{seed}"
     config = config_for(row, seed, design, data, run_dir)
     config.resolved()  # the engine's checks of the configuration, before anything is written
-    settings = settings_of(config, design)
-    result_path, settings_path = run_dir / "result.json", run_dir / "settings.json"
-    if result_path.exists():
-        result = read_json(result_path)
+    return run_dir, config, settings_of(config, design)
+
+
+def finished(row, seed, design, data, output_dir, store=None):
+    """Where a finished run of `row` with `seed` is kept, "folder" or "store", and its result; (None, None)
+    where it is in neither. A finished folder made with other settings or another kernel is refused."""
+    run_dir, _, settings = prepared(row, seed, design, data, output_dir)
+    if (run_dir / "result.json").exists():
+        result = read_json(run_dir / "result.json")
         check_settings(run_dir, result["settings"], settings)
         check_kernel(run_dir, result)
-        keep(store, result)
-        return dict(result, cached=True)
+        return "folder", result
     stored = store and store.find(row.key, seed, blas_kernel(),
                                   lambda recorded: not changed_settings(recorded, settings))
-    if stored:
-        return dict(stored, cached=True)
+    return ("store", stored) if stored else (None, None)
+
+
+def run_once(row, seed, design, data, output_dir, store=None):
+    """The result of `row` with `seed` (a dict, `cached` true when nothing was trained): from its run
+    folder, else from `store` (a Store, or None), else trained now and added to both."""
+    where, result = finished(row, seed, design, data, output_dir, store)
+    if where == "folder":
+        keep(store, result)
+    if result:
+        return dict(result, cached=True)
+    run_dir, config, settings = prepared(row, seed, design, data, output_dir)
+    result_path, settings_path = run_dir / "result.json", run_dir / "settings.json"
     if settings_path.exists():
         check_settings(run_dir, read_json(settings_path), settings)
     run_dir.mkdir(parents=True, exist_ok=True)

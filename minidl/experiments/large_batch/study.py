@@ -1,15 +1,16 @@
 """The study in order: the batch sweep, B* from it (with its bootstrap distribution), then the
-warmup, batch-size-control and LARS rows, and the label-smoothing part on noisy labels with its
-own sweep; its outputs (results.json, table.md, figures); and the sweeps that pick the rates."""
+warmup, batch-size-control and LARS rows, the label-smoothing part on noisy labels with its own
+sweep, and LARS under You et al.'s protocol; its outputs (results.json, table.md, figures); and the
+sweeps that pick the rates."""
 import dataclasses
 from pathlib import Path
 
 from tqdm import tqdm
 
 from minidl.data import make_embedded_dataset
-from minidl.experiments.large_batch import report
-from minidl.experiments.large_batch.rows import (N, PARTS, Row, batch_rows, control_rows, lars_rows, smoothing_rows,
-                                                 warmup_rows)
+from minidl.experiments.large_batch import protocol, report
+from minidl.experiments.large_batch.rows import (DEFAULT_PARTS, N, Row, batch_rows, control_rows, lars_rows,
+                                                 protocol_tuning_rows, smoothing_rows, warmup_rows)
 from minidl.experiments.large_batch.runs import run_once
 from minidl.fileio import write_json_atomic
 
@@ -52,7 +53,8 @@ class Study:
     control_rows: list = dataclasses.field(default_factory=list)
     lars_rows: list = dataclasses.field(default_factory=list)
     smoothing_rows: list = dataclasses.field(default_factory=list)
-    selected: tuple = PARTS
+    protocol_rates: dict = dataclasses.field(default_factory=dict)  # part 6: {(batch, optimizer): tuned rate}
+    selected: tuple = DEFAULT_PARTS
 
     @property
     def b_star(self):
@@ -85,7 +87,16 @@ class Study:
                                       f"per {N}; B* = {self.noisy.b_star}", self.noisy.view()),
                       ("smoothing", "Part 5b: label smoothing at B* and 2·B* of the noisy data",
                        self.noisy.view(self.smoothing_rows, design.ls_seeds))]
+        if 6 in selected:
+            parts.append(("lars-protocol", f"Part 6: LARS against SGD under You et al.'s protocol (gradual warmup, "
+                                           f"then poly decay, power 2, to zero; each rate tuned on seed "
+                                           f"{design.tuning_seed}) at 2, 4 and 8 × {design.protocol_b_star}",
+                          self.protocol_view()))
         return parts
+
+    def protocol_view(self):
+        """Part 6's reported rows over the seeds."""
+        return self.sweep.view(protocol.reported_rows(self.design, self.protocol_rates), self.design.seeds)
 
 
 def dataset(design, cache_dir):
@@ -110,8 +121,8 @@ def run_all(pairs, design, data, output_dir, results, bar, label="", store=None)
                       f"{result['wall_seconds']:.0f} s")
 
 
-def run_study(design, output_dir, cache_dir, selected=PARTS, store=None):
-    """Part 1, then those of parts 2-5 in `selected` (runs found in `store`, a Store or None, are not trained)."""
+def run_study(design, output_dir, cache_dir, selected=DEFAULT_PARTS, store=None):
+    """Part 1, then those of parts 2-6 in `selected` (runs found in `store`, a Store or None, are not trained)."""
     output_dir = Path(output_dir)
     study = Study(design, Sweep(design, design.batch_seeds, {}), Sweep(design.noisy(), design.seeds, {}),
                   selected=selected)
@@ -132,6 +143,11 @@ def run_study(design, output_dir, cache_dir, selected=PARTS, store=None):
             later = missing(study.smoothing_rows, design.ls_seeds, study.noisy.results)
             bar.total += len(later)
             run_all(later, study.noisy.design, noisy_data, noisy_dir, study.noisy.results, bar, store=store)
+        if 6 in selected:
+            def train(pairs):
+                bar.total += len(pairs)
+                run_all(pairs, design, data, output_dir, study.sweep.results, bar, store=store)
+            study.protocol_rates = protocol.run(design, study.sweep.results, train)
     return study
 
 
@@ -148,6 +164,9 @@ def markdown(study):
                 report.b_star_by_seed_count(view))]
         elif key == "smoothing":
             parts += [title, report.comparison_table(view, sweep.design)]
+        elif key == "lars-protocol":
+            parts += [title, protocol.tuning_table(design, study.sweep.results), report.table("row", view, design),
+                      protocol.verdict(protocol.b_stars(view)) + "."]
         else:
             parts += [title, report.table("row", view, sweep.design)]
     return "\n\n".join(parts) + "\n"
@@ -170,6 +189,13 @@ def write_outputs(study, output_dir):
     if 5 in study.selected:
         summary.update(noisy_b_star=study.noisy.b_star,
                        noisy_b_star_by_seed_count=report.b_star_by_seed_count(study.noisy.view()))
+    if 6 in study.selected:
+        b_stars = protocol.b_stars(study.protocol_view())
+        summary["lars_protocol"] = {
+            "best_rates": {f"b{batch}-{opt}": rate for (batch, opt), rate in study.protocol_rates.items()},
+            "tuning_errors": {row.key: study.sweep.results[row, design.tuning_seed]["val_error"]
+                              for row in protocol_tuning_rows(design)},
+            "b_star": b_stars, "verdict": protocol.verdict(b_stars)}
     results = list(study.sweep.results.values()) + list(study.noisy.results.values())
     write_json_atomic(output_dir / "results.json",
                       dict(summary, parts=parts, wall_seconds=sum(run["wall_seconds"] for run in results)))
@@ -196,6 +222,11 @@ def write_outputs(study, output_dir):
                                                     {"SGD": {**study.sweep.view(), **by_opt["sgd"]},
                                                      "LARS": by_opt["lars"]},
                                                     b_star, title="LARS against SGD past B*, same epochs"))
+    if 6 in study.selected:
+        view = study.protocol_view()
+        series = {protocol.OPTIMIZER_NAMES[opt]: rows for opt, rows in protocol.by_optimizer(view).items()}
+        figures.append(report.error_vs_batch_figure(output_dir / "lars-protocol.png", series, design.protocol_b_star,
+                                                    title="LARS against SGD under You et al.'s protocol"))
     return [output_dir / "results.json", output_dir / "table.md", *figures]
 
 
