@@ -13,8 +13,8 @@
 # runs out of time or leaves no readable result file gets one saying so ({"failed": rc,
 # "timed_out", "log_tail"}) and the next part still runs:
 #   env            15 s   versions, device                              env.json
-#   nvcc            5 s   the resource report --prepare made (sm_90:    nvcc.json
-#                         registers, spills per kernel), copied when
+#   nvcc            5 s   the resource report --prepare made (sm_90,    nvcc.json
+#                         v3 sm_90a: registers, spills per kernel), copied when
 #                         its key is the sources' hash; else "missing/
 #                         stale": no device time is spent on nvcc
 #   smoke_ptx      17 s   ptx_selftest on the device against the        smoke_ptx.json
