@@ -4,13 +4,14 @@
     python tests/gpu_check_parts.py env FILE DRY_RUN                     # versions and the device
     python tests/gpu_check_parts.py passed-earlier EARLIER NAME V1_ONLY  # 0 where NAME passed in EARLIER
     python tests/gpu_check_parts.py record OUT NAME RESULT RC SECONDS LIMIT EARLIER V1_ONLY
-    python tests/gpu_check_parts.py report OUT V1_ONLY                   # OUT/report.json and a summary
+    python tests/gpu_check_parts.py failed-versions CANARY_JSON           # the versions of the plans it failed
+    python tests/gpu_check_parts.py report OUT V1_ONLY V3_OFF            # OUT/report.json and a summary
     python tests/gpu_check_parts.py finish OUT                           # the report's own line; 0 if all passed
 
 `record` appends the part's line to OUT/parts.jsonl and, where the part left no result file or
 an unparsable one, writes one saying so: {"failed": rc, "timed_out", "why", "log_tail"}; its exit
 status is the part's (1 for a part that exited 0 without its result). V1_ONLY is empty or the
-reason the v2 kernels are not used. Standard library only: it runs before anything is known to work.
+reason the v2 and v3 kernels are not used, V3_OFF empty or the reason the v3 kernels are not. Standard library only: it runs before anything is known to work.
 """
 import json
 import os
@@ -110,11 +111,22 @@ def record(out, name, result, rc, seconds, limit, earlier, v1_only):
     return min(rc, 255)
 
 
-def report(out, v1_only):
+def failed_versions(canary_json):
+    """Prints the plan versions (v2, v3) with a plan the canary's result file says failed or
+    mismatched, sorted, or "unknown" where the file lists no plans (the canary died early)."""
+    plans = load_json(canary_json).get("plans")
+    if not isinstance(plans, list):
+        print("unknown")
+        return 0
+    print(" ".join(sorted({p["plan"].split()[1] for p in plans if p["status"] not in ("ok", "unavailable")})))
+    return 0
+
+
+def report(out, v1_only, v3_off):
     """report.json: the settings, every part's line and, under each part's name, its result."""
     parts = parts_of(out)
-    result = {**load_json(os.path.join(out, "check.json")), "v1_only": v1_only or False, "parts": parts,
-              "passed": all(p["rc"] == 0 for p in parts)}
+    result = {**load_json(os.path.join(out, "check.json")), "v1_only": v1_only or False, "v3_off": v3_off or False,
+              "parts": parts, "passed": all(p["rc"] == 0 for p in parts)}
     result.update({p["part"]: load_json(os.path.join(out, p["result"])) for p in parts})
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -127,10 +139,14 @@ def summary(result):
     def got(name, *keys):
         return {k: result.get(name, {}).get(k) for k in keys}
     rows = result.get("autotune", {}).get("rows", [])
-    lines = [f"parts: {({p['part']: p['rc'] for p in result['parts']})} | v1 only: {result['v1_only'] or 'no'}",
+    chosen = {version: sum(str(r.get("choice", "")).startswith(version) for r in rows) for version in ("v2", "v3")}
+    lines = [f"parts: {({p['part']: p['rc'] for p in result['parts']})} | v1 only: {result['v1_only'] or 'no'}"
+             f" | v3 off: {result['v3_off'] or 'no'}",
+             f"wgmma smoke passed: {got('smoke_wgmma', 'passed')['passed']}; "
              f"canary: {got('smoke_canary', 'counts', 'seconds')}",
-             f"v2 cases: {got('v2_cases', 'counts')}, gpu tests: {got('gpu_tests', 'counts')}",
-             f"autotune: v2 chosen in {sum(str(r.get('choice', '')).startswith('v2') for r in rows)} of {len(rows)}",
+             f"v2 cases: {got('v2_cases', 'counts')}, v3 cases: {got('v3_cases', 'counts')}, "
+             f"gpu tests: {got('gpu_tests', 'counts')}",
+             f"autotune: v2 chosen in {chosen['v2']}, v3 in {chosen['v3']} of {len(rows)}",
              f"kernel bench summary: {result.get('bench_kernels', {}).get('summary')}"]
     keys = ("minidl_img_per_s", "torch_img_per_s", "ratio", "minidl_peak_mb", "torch_peak_mb")
     lines += [f"step bench (target >= 1.0 PyTorch eager): {got('bench_step', *keys)}",
@@ -151,8 +167,8 @@ def finish(out):
     return 0 if result["passed"] else 1
 
 
-COMMANDS = {"settings": settings, "env": env, "passed-earlier": passed_earlier, "record": record, "report": report,
-            "finish": finish}
+COMMANDS = {"settings": settings, "env": env, "passed-earlier": passed_earlier, "record": record,
+            "failed-versions": failed_versions, "report": report, "finish": finish}
 
 if __name__ == "__main__":
     sys.exit(COMMANDS[sys.argv[1]](*sys.argv[2:]))

@@ -1,9 +1,9 @@
 """`python -m minidl.bench autotune`: every plan of every ResNet-50 convolution, timed on the GPU.
 
 For each ResNet-50 convolution, batch size and pass, the autotuner of minidl.kernels validates
-the v2 kernels (the canary), checks and times every candidate plan against v1 and keeps the
-fastest, as a training run's first step would; each row gives the v1 time, the best v2 time,
-their ratio and the choice, and the choices land in the tuner's cache.
+the v2 and v3 kernels (the canary), checks and times every candidate plan against v1 and keeps
+the fastest, as a training run's first step would; each row gives the v1 time, the best v2 and
+v3 times, their ratios to v1 and the choice, and the choices land in the tuner's cache.
 
 Details: docs/kernels.md, "minidl/bench/autotune.py".
 """
@@ -16,6 +16,7 @@ import numpy
 from minidl.bench.kernels import device_kernels, resnet50_convs, small_convs
 from minidl.errors import UserError
 from minidl.fileio import writable, write_json_atomic
+from minidl.kernels.conv import LATER_VERSIONS
 from minidl.kernels.conv_v2 import PASSES
 
 
@@ -62,25 +63,35 @@ def operands(xp, conv_pass, mode, shape):
             "conv_wgrad": lambda kernels: kernels.conv_grad_weight(x, gy, wt.shape, stride, padding)}[conv_pass]
 
 
+def fastest_ms(rows, version):
+    """The best time of the version's timed candidates, or None."""
+    return min((r["ms"] for r in rows if r["plan"].startswith(version + ":") and r["ms"] is not None), default=None)
+
+
 def row_of(key, candidates, choice):
-    """One key's row: every candidate {plan, status, ms, max_error, error}, v1 against the best v2."""
+    """One key's row: every candidate {plan, status, ms, max_error, error}, v1 against the best of
+    each later version (best_v2_ms, v2_speedup = v1 / v2, and v3's)."""
     rows = [{"plan": c["plan"], "status": c["status"], "ms": None if c["seconds"] is None else 1e3 * c["seconds"],
              "max_error": c["max_error"], "error": c["error"]} for c in candidates]
-    v1 = min((r["ms"] for r in rows if r["plan"].startswith("v1") and r["ms"] is not None), default=None)
-    v2 = min((r["ms"] for r in rows if r["plan"].startswith("v2") and r["ms"] is not None), default=None)
-    return {"key": key, "v1_ms": v1, "best_v2_ms": v2, "v2_speedup": v1 / v2 if v1 and v2 else None,
-            "choice": choice, "candidates": rows}
+    row = {"key": key, "v1_ms": fastest_ms(rows, "v1")}
+    for version in LATER_VERSIONS:
+        best = fastest_ms(rows, version)
+        row.update({f"best_{version}_ms": best, f"{version}_speedup": row["v1_ms"] / best if row["v1_ms"] and best
+                    else None})
+    return {**row, "choice": choice, "candidates": rows}
 
 
 def format_row(r):
-    cells = [f"{r[f]:8.3f}" if r[f] is not None else f"{'-':>8}" for f in ("v1_ms", "best_v2_ms")]
-    speedup = f"{r['v2_speedup']:6.2f}" if r["v2_speedup"] else f"{'-':>6}"
+    times = [r[f] for f in ("v1_ms", *(f"best_{v}_ms" for v in LATER_VERSIONS))]
+    speedups = [r[f"{v}_speedup"] for v in LATER_VERSIONS]
     refused = [c["plan"] for c in r["candidates"] if c["status"] != "ok"]
-    return f"{r['key'][:58]:58} {cells[0]} {cells[1]} {speedup}  {r['choice']}" + (
-        f"  (not usable: {', '.join(refused)})" if refused else "")
+    return (f"{r['key'][:58]:58} " + " ".join(f"{t:8.3f}" if t is not None else f"{'-':>8}" for t in times) + " " +
+            " ".join(f"{x:6.2f}" if x else f"{'-':>6}" for x in speedups) + f"  {r['choice']}" +
+            (f"  (not usable: {', '.join(refused)})" if refused else ""))
 
 
-HEADER = f"{'pass, dtype, geometry':58} {'v1 ms':>8} {'v2 ms':>8} {'v1/v2':>6}  choice"
+HEADER = (f"{'pass, dtype, geometry':58} {'v1 ms':>8} " + " ".join(f"{v + ' ms':>8}" for v in LATER_VERSIONS) + " " +
+          " ".join(f"{'v1/' + v:>6}" for v in LATER_VERSIONS) + "  choice")
 
 
 def main(argv):
@@ -109,11 +120,13 @@ def main(argv):
                     print(format_row(rows[-1]), flush=True)
     report = kernels.tuner.report()
     write()
-    speedups = [r["v2_speedup"] for r in rows if r["v2_speedup"]]
-    if speedups:
-        geomean = float(numpy.exp(numpy.mean(numpy.log(speedups))))
-        print(f"{len(rows)} shapes tuned in {report['seconds']:.1f} s; v1/v2 geometric mean {geomean:.2f}; "
-              f"v2 chosen for {sum(r['choice'].startswith('v2') for r in rows)} of them; cache {report['cache']}")
+    print(f"{len(rows)} shapes tuned in {report['seconds']:.1f} s; cache {report['cache']}")
+    for version in LATER_VERSIONS:
+        speedups = [r[f"{version}_speedup"] for r in rows if r[f"{version}_speedup"]]
+        if speedups:
+            geomean = float(numpy.exp(numpy.mean(numpy.log(speedups))))
+            print(f"v1/{version} geometric mean {geomean:.2f} over the {len(speedups)} shapes it ran; {version} "
+                  f"chosen for {sum(r['choice'].startswith(version + ':') for r in rows)} of {len(rows)}")
     json.dump({"tuned": report["tuned"], "seconds": report["seconds"]}, sys.stdout)
     print()
     return 0

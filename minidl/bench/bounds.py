@@ -2,8 +2,8 @@
 least time each ResNet-50 convolution can take on an H200, per pass and bf16 tile — bounds from
 the datasheet, not measurements.
 
-Per layer, pass and tile (v2's from its launcher; v3's declared candidates, planned until its
-launcher lands): tiles per SM by shared memory, registers and threads; waves and their
+Per layer, pass and bf16 tile (v2's and v3's, from their launchers, with the splits each
+launcher offers): tiles per SM by shared memory, registers and threads; waves and their
 quantization; operand bytes per k-step against HBM; the tensor-core time at the datasheet peak
 and the compulsory HBM traffic's time, the larger of which binds.
 
@@ -21,7 +21,7 @@ from minidl.cli import OneLineErrorParser
 from minidl.errors import UserError
 from minidl.fileio import writable, write_json_atomic
 from minidl.intmath import ceil_div, round_up
-from minidl.kernels import Kernels, conv_v2, loader
+from minidl.kernels import Kernels, conv_v2, conv_v3, loader
 from minidl.kernels.conv import conv_geometry
 
 BF16_BYTES = 2
@@ -56,9 +56,9 @@ PASS_NAMES = {"conv_fwd": "fwd", "conv_dgrad": "dgrad", "conv_wgrad": "wgrad"}
 
 @dataclass(frozen=True)
 class Tile:
-    """A bf16 tile as the bound sees it. `twin`: the v2 tile whose channel rules and split-K
-    choices it shares (itself for a v2 tile). `registers`: per pass, registers per block, where
-    known (v2: ptxas's count per thread; planned: the warpgroups' setmaxnreg targets)."""
+    """A bf16 tile as the bound sees it: `family` its Plan version ("v2", "v3"), `name` its tile
+    in that family's launcher. `registers`: per pass, registers per block, where known (v2:
+    ptxas's count per thread; v3: its warpgroups' setmaxnreg targets)."""
     name: str
     family: str
     bm: int
@@ -67,7 +67,6 @@ class Tile:
     stages: int
     threads: int
     smem_bytes: int
-    twin: str
     registers: tuple = ()  # ((pass, registers per block), ...)
 
     def block_registers(self, conv_pass):
@@ -83,28 +82,17 @@ def v2_tiles(registers_per_thread=None):
         registers = tuple((p, tile.threads * round_up(registers_per_thread[(tile.name, p)], H200.register_granularity))
                           for p in PASSES if registers_per_thread and (tile.name, p) in registers_per_thread)
         tiles.append(Tile(tile.name, "v2", tile.bm, tile.bn, tile.bk, tile.stages, tile.threads, tile.smem_bytes,
-                          tile.name, registers))
+                          registers))
     return tiles
 
 
-# setmaxnreg targets of a producer warpgroup and each consumer warpgroup: FlashAttention-3's for
-# one consumer, CUTLASS 3's sm90 warp-specialized GEMMs' for two
-ROLE_REGISTERS = {1: (56, 256), 2: (40, 232)}
-
-
-def planned(name, bm, bn, bk, stages, consumers, twin):
-    """A v3 candidate: one producer warpgroup and `consumers` consumer warpgroups (wgmma), its
-    shared memory the stages alone (the epilogue reusing them)."""
-    producer, consumer = ROLE_REGISTERS[consumers]
-    per_block = 128 * (producer + consumers * consumer)
-    return Tile(name, "v3 planned", bm, bn, bk, stages, 128 * (consumers + 1), stages * (bm + bn) * bk * BF16_BYTES,
-                twin, tuple((p, per_block) for p in PASSES))
-
-
-V3_PLANNED = (planned("v3_128x128x64_1wg", 128, 128, 64, 4, 1, "bf16_128x128"),
-              planned("v3_128x128x64_2wg", 128, 128, 64, 4, 2, "bf16_128x128"),
-              planned("v3_128x256x64_2wg", 128, 256, 64, 4, 2, "bf16_128x256"),
-              planned("v3_256x128x64_2wg", 256, 128, 64, 4, 2, "bf16_256x128"))
+def v3_tiles():
+    """The v3 launcher's tiles (conv_v3.TILES): a producer warpgroup and `consumers` consumer
+    warpgroups, each at its setmaxnreg target (the registers a block holds once they ran), and
+    the shared memory of the stages and their mbarriers."""
+    return [Tile(tile.name, "v3", tile.bm, tile.bn, tile.bk, tile.stages, tile.threads, tile.smem_bytes,
+                 tuple((p, 128 * (tile.producer_regs + tile.consumers * tile.consumer_regs)) for p in PASSES))
+            for tile in conv_v3.TILES.values()]
 
 
 def ptxas_registers():
@@ -185,7 +173,8 @@ def bound(device, tile, conv_pass, geometry, splits):
 
 
 def offered_splits(device, conv_pass, geometry):
-    """{v2 tile: the splits its launcher offers here} (bf16; tiles that do not fit are absent)."""
+    """{(family, tile): the splits its launcher offers here} (bf16 v2 and v3; tiles that do not
+    fit are absent)."""
     stand_in = numpy.empty(0, dtype=BF16)
     try:
         plans = Kernels(None, device.multiprocessors).plans(conv_pass, (stand_in, stand_in), geometry)
@@ -193,8 +182,8 @@ def offered_splits(device, conv_pass, geometry):
         return {}
     found = {}
     for plan in plans:
-        if plan.version == "v2":
-            found.setdefault(plan.tile, []).append(plan.splits)
+        if plan.version != "v1":
+            found.setdefault((plan.version, plan.tile), []).append(plan.splits)
     return found
 
 
@@ -206,7 +195,7 @@ def layer_rows(device, tiles, name, shape, conv_pass):
     offered = offered_splits(device, conv_pass, geometry)
     rows = []
     for tile in tiles:
-        candidates = [bound(device, tile, conv_pass, geometry, s) for s in offered.get(tile.twin, ())]
+        candidates = [bound(device, tile, conv_pass, geometry, s) for s in offered.get((tile.family, tile.name), ())]
         if candidates:
             rows.append({"layer": name, "pass": PASS_NAMES[conv_pass], **min(candidates, key=lambda r: r["bound_us"])})
     useful = 2 * n * k * r * r * c * geometry[7] * geometry[8] / 1e9
@@ -302,7 +291,7 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     registers = None if args.no_nvcc or find_nvcc() is None else ptxas_registers()
-    tiles = v2_tiles(registers) + list(V3_PLANNED)
+    tiles = v2_tiles(registers) + v3_tiles()
     rows = all_rows(H200, tiles, args.batch_size)
     print(report(H200, tiles, rows, args.batch_size, registers is not None))
     if args.json:

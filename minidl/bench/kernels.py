@@ -250,8 +250,18 @@ def bench_convs(kernels, cupy, torch, timer, modes, batch, rows, convs=None):
                     return ours, theirs, lambda: _agreement(cupy, torch, ours(), theirs())
                 row = {"op": f"conv {pass_}", "layer": name, "mode": mode, "tile": tile,
                        "flop": 2.0 * n * p * p * k * r * r * c}
+                chosen_before = set(kernels.tuner.choices) if kernels.tuner is not None else set()
                 _measure(rows, row, timer, torch, setup)
+                rows[-1]["plan"] = plans_chosen_since(kernels, chosen_before)
     kernels.allow_tf32 = True
+
+
+def plans_chosen_since(kernels, before):
+    """The plans the tuner chose for the keys it met since its choices were `before` (what a row
+    ran: v1, v2 or v3), or "v1" where there is no tuner."""
+    if kernels.tuner is None:
+        return "v1"
+    return ", ".join(kernels.tuner.choices[key].label() for key in sorted(set(kernels.tuner.choices) - before)) or None
 
 
 def ladder_layers(batch):
@@ -365,6 +375,11 @@ def bench_sgd(kernels, cupy, torch, timer, rows, parameters=None):
 
 # ---- report ------------------------------------------------------------------------------------
 
+def geomean(values):
+    values = list(values)
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def summarize(rows, ceilings):
     """Ratios (torch time / our time: > 1 is faster than PyTorch) and the target summaries."""
     for row in rows:
@@ -376,11 +391,15 @@ def summarize(rows, ceilings):
             row["of_copy_bandwidth"] = row["gbps"] / ceilings["copy_gbps"]
     summary = {}
     for key in sorted({(r["op"], r["mode"]) for r in rows if "vs_torch" in r}):
-        ratios = [r["vs_torch"] for r in rows if (r["op"], r["mode"]) == key and "vs_torch" in r]
-        summary[f"{key[0]} {key[1]} geomean vs torch"] = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    conv = [r["vs_torch"] for r in rows if r["op"].startswith("conv") and "vs_torch" in r and r["mode"] != "fp32"]
+        summary[f"{key[0]} {key[1]} geomean vs torch"] = geomean(r["vs_torch"] for r in rows
+                                                                 if (r["op"], r["mode"]) == key and "vs_torch" in r)
+    conv = [r for r in rows if r["op"].startswith("conv") and "vs_torch" in r and r["mode"] != "fp32"]
     if conv:
-        summary["conv geomean vs cuDNN (target >= 0.5)"] = math.exp(sum(map(math.log, conv)) / len(conv))
+        summary["conv geomean vs cuDNN (target >= 0.5)"] = geomean(r["vs_torch"] for r in conv)
+    for version in ("v2", "v3"):
+        on_version = [r["vs_torch"] for r in conv if str(r.get("plan")).startswith(version + ":")]
+        if on_version:
+            summary[f"conv on {version} plans ({len(on_version)}) geomean vs cuDNN"] = geomean(on_version)
     for op, target in (("bn", 0.7), ("sgd", 0.8)):
         shares = [r["of_copy_bandwidth"] for r in rows if r["op"].startswith(op) and "of_copy_bandwidth" in r]
         if shares:

@@ -18,10 +18,12 @@ import numpy
 from minidl import environment
 from minidl.backend import on_gpu
 from minidl.errors import UserError
-from minidl.kernels import amp, autotune, batchnorm, conv, conv_v0, conv_v2, loader, normconv, pool, sgd, softmax_xent
+from minidl.kernels import (amp, autotune, batchnorm, conv, conv_v0, conv_v2, conv_v3, loader, normconv, pool, sgd,
+                            softmax_xent)
 from minidl.kernels.launch import KERNEL_DTYPES
 
-FAMILIES = {family.FAMILY: family for family in (conv, conv_v0, conv_v2, batchnorm, pool, softmax_xent, sgd, amp)}
+FAMILIES = {family.FAMILY: family for family in (conv, conv_v0, conv_v2, conv_v3, batchnorm, pool, softmax_xent, sgd,
+                                                  amp)}
 
 
 class Kernels(conv.ConvKernels, batchnorm.BatchNormKernels, normconv.NormConvKernels, pool.PoolKernels,

@@ -1,11 +1,11 @@
-"""The canary: every convolution kernel after v1 (the families of `VALIDATED`) run once against
-v1, in child processes, before the autotuner may use it on this device and these sources
-(minidl.kernels.autotune). Child processes, because an illegal address on a GPU loses the CUDA context for good: when a
-child dies, the plan it was running is recorded failed and a new child runs the rest. The plans
-(`PLANS`) cover each family, pass, data type, tile and batch-norm fusion, unsplit and split, at
-small shapes that end inside every tile; a family the device cannot run (its ARCH) is recorded
-unavailable, with the reason, and never started. `python -m minidl.kernels.canary --json FILE`
-validates alone.
+"""The canary: every convolution kernel after v1 (v2, v3: `VALIDATED`) run once against v1, in
+child processes, before the autotuner may use it on this device and these sources
+(minidl.kernels.autotune): an illegal address loses a CUDA context for good, so when a child dies
+its plan is recorded failed and a new child runs the rest. The plans (`PLANS`) cover each family,
+pass, data type, tile and fusion, unsplit and split, at small shapes that end inside every tile;
+a family the device cannot run (its ARCH) or the caller skips (`--skip v3 --reason WHY`) is
+recorded unavailable with the reason, never started. `python -m minidl.kernels.canary --json
+FILE` validates alone.
 
 Details: docs/kernels.md, "minidl/kernels/canary.py".
 """
@@ -25,9 +25,10 @@ import minidl
 from minidl.backend import BF16
 from minidl.errors import UserError
 from minidl.fileio import write_json_atomic
-from minidl.kernels import conv_v2, loader
+from minidl.kernels import loader
 from minidl.kernels.autotune import STATUSES, Plan, comparable, compared_run, disagreement, relative_error
 from minidl.kernels.batchnorm import NORM, NORM_FIELDS
+from minidl.kernels.conv import LATER_VERSIONS
 from minidl.kernels.conv_v2 import DRELU, NORMALIZE, PASSES, STATS, Fusion, kernel_kind
 
 STOPPED = 3  # the child's exit status after a plan that raised
@@ -44,9 +45,10 @@ SHAPES = {
 }
 
 
-# the Plan versions validated here, each with its launcher module: TILES (each tile's dtype and
-# `serves(pass)`), FUSIONS (per pass, the fusion bits it has kernels for), ARCH where it needs one
-VALIDATED = {"v2": conv_v2}
+# the Plan versions validated here (every one after v1: v2, v3), each with its launcher module:
+# TILES (each tile's dtype and `serves(pass)`), FUSIONS (per pass, the fusion bits it has kernels
+# for), ARCH where it needs one
+VALIDATED = LATER_VERSIONS
 
 
 def mode_of(tile):
@@ -170,14 +172,17 @@ def child(progress, names):
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-def validator(timeout=PLAN_TIMEOUT, compute_capability=None):
+def validator(timeout=PLAN_TIMEOUT, compute_capability=None, skipped=None):
     """The tuner's `validate(known, record)`: the canary plans not in `known`, in children; those
     of a family a device of `compute_capability` cannot run recorded unavailable, not run (None:
-    the emulator, every family runs)."""
+    the emulator, every family runs), and so are those of a version in `skipped` ({version: why},
+    e.g. after its instructions failed their self-test on this device)."""
+    skipped = skipped or {}
+
     def validate(known, record):
         pending = []
         for plan in (p for p in PLANS if p.name not in known):
-            why_not = plan.unavailable(compute_capability)
+            why_not = plan.unavailable(compute_capability) or skipped.get(plan.plan.version)
             if why_not:
                 record(plan.name, {"status": "unavailable", "max_error": None, "error": why_not, "seconds": None})
             else:
@@ -270,7 +275,7 @@ def row(name, record):
             "seconds": record.get("seconds")}
 
 
-USAGE = "python -m minidl.kernels.canary --json FILE [--plan-timeout SECONDS]"
+USAGE = "python -m minidl.kernels.canary --json FILE [--plan-timeout SECONDS] [--skip VERSION --reason WHY]"
 
 
 def plan_timeout(text):
@@ -283,13 +288,26 @@ def plan_timeout(text):
     return seconds
 
 
+def skipped_versions(version, reason):
+    """{version: reason} of --skip and --reason (both or neither): that version's plans recorded
+    unavailable for the reason, never run."""
+    if version is None and reason is None:
+        return {}
+    if version not in VALIDATED or not reason:
+        raise UserError(f"--skip {version} --reason {reason!r}: give one of {', '.join(VALIDATED)} and why it is "
+                        "not run on this device")
+    return {version: reason}
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "--child":
         return child(argv[1], argv[2:])
     options = dict(zip(argv[::2], argv[1::2]))
-    if len(argv) % 2 or "--json" not in options or not options.keys() <= {"--json", "--plan-timeout"}:
+    if len(argv) % 2 or "--json" not in options or not options.keys() <= {"--json", "--plan-timeout", "--skip",
+                                                                            "--reason"}:
         raise UserError(f"usage: {USAGE}")
     path, timeout = Path(options["--json"]), plan_timeout(options.get("--plan-timeout", str(PLAN_TIMEOUT)))
+    skipped = skipped_versions(options.get("--skip"), options.get("--reason"))
     if not path.parent.is_dir():
         raise UserError(f"--json {path}: the folder {path.parent} does not exist: create it or write elsewhere")
     from minidl import backend, environment, kernels
@@ -300,7 +318,7 @@ def main(argv):
     if tuner is None or tuner.validate is None:
         raise UserError("MINIDL_AUTOTUNE=0 or MINIDL_CANARY=0 turns the validation off: unset it to validate the "
                         "kernels")
-    tuner.validate = validator(timeout)
+    tuner.validate = validator(timeout, kernels.device().compute_capability, skipped)
     start, rows = time.perf_counter(), {}
 
     def write():

@@ -11,7 +11,7 @@ import numpy
 
 from minidl.backend import BF16, get_array_module
 from minidl.intmath import ceil_div
-from minidl.kernels import conv_v0, conv_v2
+from minidl.kernels import conv_v0, conv_v2, conv_v3
 from minidl.kernels.conv_v2 import PASSES
 from minidl.kernels.autotune import TOLERANCE, Plan
 from minidl.kernels.launch import Launcher, cxx_type, data_address, i32
@@ -22,6 +22,9 @@ BLOCKS_PER_SM = 2  # the register budget: at most 65536 / (THREADS · BLOCKS_PER
 SPLITK_THREADS = 256
 MIN_TILES_PER_SPLIT = 8  # wgrad split-K: each split streams at least this many k-tiles
 DEFINES = {"CONV_THREADS": THREADS, "CONV_BLOCKS_PER_SM": BLOCKS_PER_SM, "SPLITK_THREADS": SPLITK_THREADS}
+# the Plan versions after v1, each with its launcher module (TILES, launch, FUSIONS, ARCH where it
+# needs one): the plans the tuner offers beside v1's, each validated by the canary first
+LATER_VERSIONS = {"v2": conv_v2, "v3": conv_v3}
 
 
 class ConvTile:
@@ -115,8 +118,9 @@ class ConvKernels(Launcher):
         if plan is None:
             plan = self.tuned_plan(conv_pass, operands, geometry, lambda: self.plans(conv_pass, operands, geometry),
                                    lambda candidate: (self._run(conv_pass, geometry, operands, out, candidate),))
-        if plan.version == "v2":
-            conv_v2.launch(self, conv_pass, conv_v2.TILES[plan.tile], plan.splits, geometry, *operands, out)
+        family = LATER_VERSIONS.get(plan.version)
+        if family is not None:
+            family.launch(self, conv_pass, family.TILES[plan.tile], plan.splits, geometry, *operands, out)
             return out
         if plan.version == "v0":  # only when asked for: plans() never offers it
             return conv_v0.launch(self, conv_pass, geometry, *operands, out)
@@ -141,21 +145,23 @@ class ConvKernels(Launcher):
         return Plan("v1", tile.name, self._v1_splits(conv_pass, tile, geometry))
 
     def plans(self, conv_pass, operands, geometry):
-        """Every plan that computes this pass here, the v1 kernel's first: v2 tiles need the v1
-        tile's tensor cores (TF32 allowed for float32, channel counts that fit); each may split
+        """Every plan that computes this pass here, the v1 kernel's first: v2 and v3 tiles need the
+        v1 tile's tensor cores (TF32 allowed for float32, channel counts that fit); each may split
         its reduction where the grid alone would leave multiprocessors idle (grad-weight: around
-        the v1 split)."""
+        the v1 split). v3's are offered on every device: where the device cannot run them (below
+        sm_90a) the canary records them unavailable and the tuner never runs them."""
         first = self.v1_plan(conv_pass, operands, geometry)
         if not TILES[first.tile].tensor_cores:
             return [first]
         dtype = operands[0].dtype
         found = [first]
-        for tile in conv_v2.TILES.values():
-            if tile.fits(conv_pass, dtype, geometry):
-                found += [Plan("v2", tile.name, splits) for splits in self._v2_splits(conv_pass, tile, geometry)]
+        for version, family in LATER_VERSIONS.items():
+            for tile in family.TILES.values():
+                if tile.fits(conv_pass, dtype, geometry):
+                    found += [Plan(version, tile.name, splits) for splits in self._splits(conv_pass, tile, geometry)]
         return found
 
-    def _v2_splits(self, conv_pass, tile, geometry):
+    def _splits(self, conv_pass, tile, geometry):
         grid = tile.grid(conv_pass, geometry, 1)
         blocks, k_tiles = grid[0] * grid[1] * grid[2], tile.k_tiles(conv_pass, geometry)
         wanted = self.wgrad_splits(blocks, k_tiles) if conv_pass == "conv_wgrad" else \

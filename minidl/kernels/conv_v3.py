@@ -1,10 +1,10 @@
 """Launcher of kernels/conv_v3.cu: the bf16 convolution passes on Hopper's warpgroup MMA (wgmma),
 a producer warpgroup filling shared-memory stages with cp.async and consumer warpgroups
 multiplying them, synchronized by mbarriers (the opening comment of the .cu explains them).
-Built for sm_90a only. A `V3Tile` is written once, here, and reaches conv_v3.cu as template
-arguments; `launch` runs one pass with a given split of the reduction, with conv_v2.cu's
-splitk_reduce_v2 summing the splits. No TF32 (wgmma reads 32-bit operands K-major only, and
-grad-weight's are MN-major) and no fused batch norm on this path.
+Built for sm_90a only (`ARCH`: another GPU records every v3 plan unavailable, never runs one).
+A `V3Tile` is written once, here, and reaches conv_v3.cu as template arguments; `launch` runs one
+pass with a given split of the reduction, conv_v2.cu's splitk_reduce_v2 summing the splits. No
+TF32 (wgmma reads 32-bit operands K-major only, grad-weight's are MN-major), no fused batch norm.
 
 Details: docs/kernels.md, "Convolution kernels v3 (wgmma, sm_90a)".
 """
@@ -14,10 +14,13 @@ from minidl.backend import BF16, get_array_module
 from minidl.intmath import ceil_div
 from minidl.kernels import conv_v2
 from minidl.kernels.launch import NULL, cxx_type, i32
+from minidl.kernels.loader import SM_90A
 
 FAMILY = "conv_v3"
+ARCH = SM_90A  # wgmma and setmaxnreg
 DEFINES = {}
 PASSES = conv_v2.PASSES
+FUSIONS = {conv_pass: (0,) for conv_pass in PASSES}  # the plain passes only: no batch-norm fusion here
 BK = 64  # reduction elements per stage: one 128-byte swizzled row
 MAX_SPLITS = conv_v2.MAX_SPLITS
 
@@ -54,6 +57,11 @@ class V3Tile:
         if not self.serves(conv_pass) or numpy.dtype(dtype) != self.dtype or c % 8 or k % 8:
             return False
         return {"conv_fwd": c % BK == 0, "conv_dgrad": k % BK == 0, "conv_wgrad": True}[conv_pass]
+
+    @staticmethod
+    def fits_fusion(conv_pass, fusion, geometry):
+        """Whether a pass with this batch-norm work (a conv_v2.Fusion) has a v3 kernel: none but the plain one."""
+        return fusion.bits in FUSIONS[conv_pass]
 
     def grid(self, conv_pass, geometry, splits):
         n, h, w, c, k, r, s, p, q, stride, _ = geometry

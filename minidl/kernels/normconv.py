@@ -14,7 +14,7 @@ from minidl.backend import get_array_module
 from minidl.kernels import conv_v2
 from minidl.kernels.autotune import comparable
 from minidl.kernels.batchnorm import NORM
-from minidl.kernels.conv import conv_geometry
+from minidl.kernels.conv import LATER_VERSIONS, conv_geometry
 from minidl.kernels.conv_v2 import DRELU, NORMALIZE, STATS, Fusion
 from minidl.kernels.launch import Launcher
 
@@ -135,12 +135,13 @@ class NormConvKernels(Launcher):
         return g, ggamma, gbeta
 
     def fused_plans(self, conv_pass, fusion, operands, geometry):
-        """The plain pass's plans (v1 first), with y among the operands that v2 needs aligned; an
-        epilogue that reduces over the block's rows takes the whole reduction (no split-K), and
-        a normalizing pass's table must fit."""
+        """The plain pass's plans (v1 first), with y among the operands that v2 needs aligned, of
+        the families with a kernel for this fusion (v3: the plain pass only); an epilogue that
+        reduces over the block's rows takes the whole reduction (no split-K), and a normalizing
+        pass's table must fit."""
         plans = self.plans(conv_pass, fusion_inputs(operands, fusion), geometry)
         return [plans[0]] + [p for p in plans[1:] if (p.splits == 1 or not fusion.whole_reduction)
-                             and conv_v2.TILES[p.tile].fits_fusion(conv_pass, fusion, geometry)]
+                             and LATER_VERSIONS[p.version].TILES[p.tile].fits_fusion(conv_pass, fusion, geometry)]
 
     def _composed(self, conv_pass, geometry, operands, out, fusion, plan, normalized=None):
         a, b = operands

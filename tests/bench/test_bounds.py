@@ -1,7 +1,7 @@
 """The H200 bounds (python -m minidl.bench bounds) against cases computed here by hand: resident
 tiles per SM, the grad-input phases, a memory-bound and a wave-quantized layer, split-K's
-traffic; the blocks it counts against the v2 launcher's grids on every ResNet-50 layer; the
-command's table and JSON."""
+traffic; v3's tiles as its launcher declares them; the blocks it counts against the v2 and v3
+launchers' grids on every ResNet-50 layer; the command's table and JSON."""
 import json
 
 import pytest
@@ -11,10 +11,12 @@ from minidl.bench.__main__ import main as bench_main
 from minidl.bench._nvcc import find_nvcc
 from minidl.bench.kernels import resnet50_convs
 from minidl.kernels import conv_v2
-from minidl.kernels.conv import conv_geometry
+from minidl.kernels.conv import LATER_VERSIONS, conv_geometry
 
 H200 = bounds.H200
 V2 = {t.name: t for t in bounds.v2_tiles({(name, p): 240 for name in conv_v2.TILES for p in bounds.PASSES})}
+V3 = {t.name: t for t in bounds.v3_tiles()}
+TILES = {"v2": V2, "v3": V3}
 
 
 def geometry(n, h, w, c, k, r, stride, pad):
@@ -35,11 +37,15 @@ def test_tiles_per_sm():
     assert bounds.tiles_per_sm(H200, too_big, None)[0] == 0  # over the 227 KiB a block may have
 
 
-def test_planned_tiles():
-    tile = next(t for t in bounds.V3_PLANNED if t.name == "v3_128x256x64_2wg")
-    assert (tile.threads, tile.smem_bytes) == (384, 4 * (128 + 256) * 64 * 2)
-    assert tile.block_registers("conv_wgrad") == 128 * (40 + 2 * 232)  # producer 40, consumers 232 (setmaxnreg)
-    assert bounds.tiles_per_sm(H200, tile, tile.block_registers("conv_fwd"))[0] == 1
+def test_v3_tiles():
+    """conv_v3's 128×256 tile: a producer and two consumer warpgroups, 4 stages of (128 + 256)·64
+    bf16 and their 8 mbarriers of 8 bytes; 48 registers for the producer, 224 per consumer thread."""
+    tile = V3["bf16_128x256"]
+    assert (tile.family, tile.bm, tile.bn, tile.bk, tile.threads) == ("v3", 128, 256, 64, 384)
+    assert tile.smem_bytes == 4 * (128 + 256) * 64 * 2 + 8 * 8
+    assert tile.block_registers("conv_wgrad") == 128 * (48 + 2 * 224)
+    assert bounds.tiles_per_sm(H200, tile, tile.block_registers("conv_fwd")) == (1, "smem, registers")
+    assert bounds.tiles_per_sm(H200, V3["bf16_128x128"], 128 * (48 + 2 * 224)) == (1, "smem, registers")
 
 
 def test_grad_input_phases():
@@ -95,27 +101,28 @@ def test_operand_bandwidth():
 
 @pytest.mark.parametrize("batch", [256, 32])
 def test_blocks_are_the_launchers(batch):
-    """The blocks the bound counts are those of the v2 launcher's grid, for every layer, pass,
-    tile and split it offers."""
-    checked = 0
+    """The blocks the bound counts are those of the v2 and v3 launchers' grids, for every layer,
+    pass, tile and split they offer."""
+    checked = {"v2": 0, "v3": 0}
     for shape in resnet50_convs(batch).values():
         g = geometry(*shape)
         for conv_pass in bounds.PASSES:
-            for name, splits in bounds.offered_splits(H200, conv_pass, g).items():
+            for (family, name), splits in bounds.offered_splits(H200, conv_pass, g).items():
                 for s in splits:
-                    grid = conv_v2.TILES[name].grid(conv_pass, g, s)
-                    assert bounds.bound(H200, V2[name], conv_pass, g, s)["blocks"] == grid[0] * grid[1] * grid[2]
-                    checked += 1
-    assert checked > 150
+                    grid = LATER_VERSIONS[family].TILES[name].grid(conv_pass, g, s)
+                    row = bounds.bound(H200, TILES[family][name], conv_pass, g, s)
+                    assert row["blocks"] == grid[0] * grid[1] * grid[2], (family, name, conv_pass, shape, s)
+                    checked[family] += 1
+    assert checked["v2"] > 150 and checked["v3"] > 80, checked
 
 
 def test_every_layer_has_a_row_per_family():
-    rows = bounds.all_rows(H200, list(V2.values()) + list(bounds.V3_PLANNED), 256)
+    rows = bounds.all_rows(H200, list(V2.values()) + list(V3.values()), 256)
     best = bounds.best_per_family(rows)
     layers = resnet50_convs(256)
     assert len(best) == 3 * len(layers) - 1  # the stem's grad-input is never computed
     for (layer, _), entry in best.items():
-        assert set(entry) == ({"useful_gflop"} if layer.startswith("conv1") else {"useful_gflop", "v2", "v3 planned"})
+        assert set(entry) == ({"useful_gflop"} if layer.startswith("conv1") else {"useful_gflop", "v2", "v3"})
     n, h, w, c, k, r, stride, pad = layers["layer1.0.conv1 1x1"]
     assert best[("layer1.0.conv1 1x1", "fwd")]["useful_gflop"] == pytest.approx(2 * n * h * w * c * k / 1e9)
 
@@ -125,9 +132,9 @@ def test_command(tmp_path, capsys):
     assert bench_main(["bounds", "--no-nvcc", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.startswith("Bounds, not measurements: NVIDIA H200 SXM, 989.5 TFLOP/s dense bf16, 4.8 TB/s HBM")
-    assert "| layer4.1.conv2 3x3/1 (x2) | wgrad |" in text and "v3_128x256x64_2wg | v3 planned | 384 |" in text
+    assert "| layer4.1.conv2 3x3/1 (x2) | wgrad |" in text and "| bf16_128x256 | v3 | 384 |" in text
     report = json.loads(out.read_text())
-    assert report["batch_size"] == 256 and {r["family"] for r in report["rows"]} == {"v2", "v3 planned", None}
+    assert report["batch_size"] == 256 and {r["family"] for r in report["rows"]} == {"v2", "v3", None}
     assert bench_main(["bounds", "--batch-size", "0"]) == 2
 
 

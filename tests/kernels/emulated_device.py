@@ -10,8 +10,9 @@ Fault injection, for tests of what survives a broken kernel (the product has non
 EMULATED_DEVICE_BREAK=v2 makes every launch of a conv_v2 kernel kill its process as a sticky GPU
 fault loses it ("illegal address (injected)" on stderr, then abort); EMULATED_DEVICE_BREAK=v2-wrong
 makes the conv_v2 kernels write a wrong result, EMULATED_DEVICE_BREAK=v2-hang never return (a
-kernel that deadlocks); EMULATED_DEVICE_BREAK_KERNELS=TEXT limits any of them to
-the kernels whose name holds TEXT (e.g. "256, 128, 64": the bf16 256×128 tile).
+kernel that deadlocks); v3, v3-wrong and v3-hang do the same to the conv_v3 kernels (a split v3
+plan's sum, splitk_reduce_v2, is conv_v2's); EMULATED_DEVICE_BREAK_KERNELS=TEXT limits any of them
+to the kernels whose name holds TEXT (e.g. "256, 128, 64": the bf16 256×128 tile of v2).
 """
 import os
 import sys
@@ -21,11 +22,12 @@ import numpy
 
 import emulator
 from minidl import environment, kernels
-from minidl.kernels import autotune, conv_v2, loader
+from minidl.kernels import autotune, loader
+from minidl.kernels.conv import LATER_VERSIONS
 
 EMULATED_MULTIPROCESSORS = 2  # small: grids and split-K take their multi-block paths on small shapes
-FAMILIES = ("conv_v2", "conv", "batchnorm", "pool", "softmax_xent", "sgd", "amp", "conv_v0")  # the slowest to compile first
-BREAKS = ("v2", "v2-wrong", "v2-hang")
+FAMILIES = ("conv_v2", "conv_v3", "conv", "batchnorm", "pool", "softmax_xent", "sgd", "amp", "conv_v0")  # slowest first
+BREAKS = tuple(version + how for version in LATER_VERSIONS for how in ("", "-wrong", "-hang"))
 CUDA_VERSION = "emu"
 
 
@@ -45,7 +47,8 @@ def build():
 
 
 class BrokenModule:
-    """A conv_v2 module whose kernels fail as EMULATED_DEVICE_BREAK says."""
+    """A conv_v2 or conv_v3 module whose kernels fail as EMULATED_DEVICE_BREAK says ("fault",
+    "wrong" or "hang")."""
 
     def __init__(self, module, how, only):
         self.module, self.how, self.only = module, how, only
@@ -65,11 +68,11 @@ class BrokenKernel:
 
     def __call__(self, grid, block, args, shared_mem=0):
         name = self.kernel.name
-        if self.how == "v2":
+        if self.how == "fault":
             sys.stderr.write(f"{name}: illegal address (injected)\n")
             sys.stderr.flush()
             os.abort()
-        if self.how == "v2-hang":
+        if self.how == "hang":
             time.sleep(3600)
         self.kernel(grid, block, args, shared_mem=shared_mem)
         for out in args[1:2] if name.startswith("splitk_reduce") else args[2:4]:
@@ -83,8 +86,10 @@ def device_module(family):
     if how and how not in BREAKS:
         raise ValueError(f"EMULATED_DEVICE_BREAK={how!r}: one of {', '.join(BREAKS)}, or unset")
     module = emulated_module(family)
-    return BrokenModule(module, how, os.environ.get("EMULATED_DEVICE_BREAK_KERNELS", "")) \
-        if how and family == conv_v2.FAMILY else module
+    version, _, failure = how.partition("-")
+    if not how or family != LATER_VERSIONS[version].FAMILY:
+        return module
+    return BrokenModule(module, failure or "fault", os.environ.get("EMULATED_DEVICE_BREAK_KERNELS", ""))
 
 
 def device():

@@ -3,13 +3,16 @@
 (the GPU machine may not have it), keeps going after a failure, stops at a deadline and
 rewrites its JSON after every case (a run cut short keeps what it checked):
 
-    python tests/kernels/gpu_cases.py --json FILE [--group v2|rest|all] [--shapes resnet50|small]
+    python tests/kernels/gpu_cases.py --json FILE [--group v2|v3|rest|all] [--shapes resnet50|small]
                                       [--v1-only] [--seconds S] [--skip-passed EARLIER_JSON]
 
-Two groups, in this order. `v2`: the kernels that never ran on a GPU before, checked before
+Three groups, in this order. `v2`: the kernels that never ran on a GPU before, checked before
 anything times them — every plan (v1, each v2 tile and split) of every convolution in TF32 and
 bf16 against the reference ops, and every plan of the convolutions fused with batch norm
-(normconv_checks.py). `rest`: the bf16 and CUDA-graph path (step_checks.py and oracle.py: the
+(normconv_checks.py). `v3`: every v3 plan (kernels/conv_v3.cu, sm_90a) that the canary validated
+on this device (the tuner's statuses; the others are named with theirs, and a case with none is
+skipped), on the shapes the emulator checks them on (v3_shapes.py) and then on every bf16
+convolution of the shapes. `rest`: the bf16 and CUDA-graph path (step_checks.py and oracle.py: the
 casts and the bf16 gradient sum, the SGD update through device scalars, the fused ops and fused
 blocks, a training step under --amp against the float32 step, steps replayed from a CUDA graph
 against eager ones, train.py's loop with --cuda-graph); every convolution in fp32 (the exact
@@ -24,7 +27,7 @@ chaotic, and the two devices' float32 rounding alone gave gradients 2.8% apart (
 tiny shapes of the same kinds, for the emulated device (tests/gpu_check.sh --dry-run), where
 the CUDA-graph cases are skipped (no graphs without CUDA). `--v1-only` (the GPU check after a
 failed smoke test): the TF32 and bf16 convolutions run the v1 kernels only and the fused plans'
-cases are skipped, so no v2 kernel is launched.
+and the v3 cases are skipped, so no v2 or v3 kernel is launched.
 """
 import argparse
 import contextlib
@@ -47,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import normconv_checks  # noqa: E402
 import oracle  # noqa: E402
 import step_checks  # noqa: E402
+import v3_shapes  # noqa: E402
 from step_checks import seeded  # noqa: E402
 from minidl import Tensor, backend, kernels, models, nn, ops  # noqa: E402
 from minidl.bench.kernels import (PARAMETERS_RESNET50, device_kernels, resnet50_batch_norms,  # noqa: E402
@@ -172,8 +176,13 @@ def v2_cases(shapes, v1_only=False):
             if mode == "bf16" and shape[3] % 8:
                 continue  # the 3-channel stem has no bf16 tile: it stays fp32
             found.append((f"conv {name} {mode}{suffix}", oracle.check_conv, (mode, *shape),
-                          {"tile": conv_tile(mode, shape[3]), "every_plan": not v1_only}))
+                          {"tile": conv_tile(mode, shape[3]), "every_plan": not v1_only, "keep": v1_or_v2}))
     return found + normconv_cases(shapes, v1_only)
+
+
+def v1_or_v2(conv_pass, plan):
+    """The v2 group's plans: v3's have a group of their own, after their canary and self-test."""
+    return plan.version in ("v1", "v2")
 
 
 def normconv_cases(shapes, v1_only):
@@ -195,6 +204,42 @@ def normconv_cases(shapes, v1_only):
         found = [(name, skipped("v1 only: the fused plans' checks launch the v2 kernels"), args, kwargs)
                  for name, _, args, kwargs in found]
     return found
+
+
+# ---- the v3 kernels: the plans the canary validated here -----------------------------------------
+
+def v3_cases(shapes, v1_only=False):
+    """The shapes the emulator checks v3 on, then every bf16 convolution of `shapes`, each with
+    every validated v3 plan of every pass (skipped, with the reason, after a failed smoke test)."""
+    emulated = dict.fromkeys(shape for found in v3_shapes.SHAPES.values() for shape in found)
+    found = [(f"v3 conv {'x'.join(map(str, shape))}", check_v3, shape, {}) for shape in emulated]
+    found += [(f"v3 conv {name}", check_v3, shape, {}) for name, shape in shapes.convs.items() if shape[3] % 8 == 0]
+    if v1_only:
+        found = [(name, skipped("v1 only: no v3 kernel is launched"), args, kwargs) for name, _, args, kwargs in found]
+    return found
+
+
+def check_v3(kernels, xp, *shape):
+    """Every v3 plan of one bf16 convolution that the canary validated on this device, against the
+    reference; the offered v3 plans it did not validate are named with their status."""
+    tuner = getattr(kernels, "tuner", None)
+    if tuner is None:
+        raise Skipped("no tuner (MINIDL_AUTOTUNE=0): no v3 plan is validated here")
+    refused = {}
+
+    def validated(conv_pass, plan):
+        if plan.version != "v3":
+            return False
+        name = plan.kernel_name(conv_pass)
+        record = tuner.statuses.get(name) or {"status": "not validated", "error": "the canary did not run it here"}
+        if record["status"] != "ok":
+            refused[name] = f"{record['status']}: {record.get('error')}"
+        return record["status"] == "ok"
+
+    result = oracle.check_conv(kernels, xp, "bf16", *shape, every_plan=True, keep=validated)
+    if not result["plans"]:
+        raise Skipped("; ".join(f"{name} {why}" for name, why in refused.items()) or "no v3 tile takes this shape")
+    return {**result, "not validated": refused}
 
 
 # ---- the rest ----------------------------------------------------------------------------------------
@@ -265,8 +310,9 @@ def rest_cases(shapes):
 
 
 GROUPS = {"v2": lambda shapes, v1_only: v2_cases(shapes, v1_only),
+          "v3": lambda shapes, v1_only: v3_cases(shapes, v1_only),
           "rest": lambda shapes, v1_only: rest_cases(shapes),
-          "all": lambda shapes, v1_only: v2_cases(shapes, v1_only) + rest_cases(shapes)}
+          "all": lambda shapes, v1_only: v2_cases(shapes, v1_only) + v3_cases(shapes, v1_only) + rest_cases(shapes)}
 
 
 def cases(shapes=RESNET50, group="all", v1_only=False):
@@ -394,7 +440,7 @@ def main(argv):
     parser.add_argument("--json", required=True, help="where the results go (rewritten after every case)")
     parser.add_argument("--group", choices=sorted(GROUPS), default="all")
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="resnet50")
-    parser.add_argument("--v1-only", action="store_true", help="launch no v2 kernel (after a failed smoke test)")
+    parser.add_argument("--v1-only", action="store_true", help="launch no v2 or v3 kernel (after a failed smoke test)")
     parser.add_argument("--seconds", type=float, default=240, help="stop starting new cases after this long")
     parser.add_argument("--skip-passed", metavar="JSON",
                         help="an earlier run's --json: its passed cases are not run again (a budgeted GPU session)")

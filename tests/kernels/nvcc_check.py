@@ -1,4 +1,5 @@
-"""Compile kernels/*.cu with nvcc for sm_90 and read ptxas's resource report per kernel.
+"""Compile kernels/*.cu with nvcc for sm_90 (a family's ARCH where it has one: conv_v3's sm_90a)
+and read ptxas's resource report per kernel.
 
     python tests/kernels/nvcc_check.py [--json FILE]                 # a table, or JSON, of every kernel
     python tests/kernels/nvcc_check.py --prepared FILE --json OUT    # FILE to OUT when it is current
@@ -36,17 +37,18 @@ PREPARE = "run `bash tests/gpu_check.sh --prepare` on a machine with nvcc (the C
 
 
 def sources():
-    """(family, path, kernel name expressions, -D options) of every source nvcc must compile."""
-    return [(f, loader.source_path(f), m.NAMES, loader.define_options(m.DEFINES)) for f, m in FAMILIES.items()] + [
-        ("emu_selftest", SELFTEST, (), ()), ("ptx_selftest", ptx_selftest.SOURCE, ptx_selftest.KERNELS, ())]
+    """(family, path, kernel name expressions, -D options, architecture) of every source nvcc must compile."""
+    return [(f, loader.source_path(f), m.NAMES, loader.define_options(m.DEFINES), loader.required_arch(m) or ARCH)
+            for f, m in FAMILIES.items()] + [
+        ("emu_selftest", SELFTEST, (), (), ARCH), ("ptx_selftest", ptx_selftest.SOURCE, ptx_selftest.KERNELS, (), ARCH)]
 
 
 def source_key():
     """A hash of what the report depends on but the compiler: every file of kernels/ (the headers
     included), the selftests, each source's kernel names and -D options, the flags."""
     listed = sources()
-    digest = hashlib.sha256(repr((FLAGS, CHECK_FLAGS, [(f, names, options) for f, _, names, options in listed]))
-                            .encode())
+    digest = hashlib.sha256(repr((FLAGS, CHECK_FLAGS, [(f, names, options, arch)
+                                                       for f, _, names, options, arch in listed])).encode())
     kernel_dir = loader.source_path(next(iter(FAMILIES))).parent
     for path in sorted(kernel_dir.iterdir()) + [SELFTEST, ptx_selftest.SOURCE]:
         if path.is_file():
@@ -54,9 +56,9 @@ def source_key():
     return digest.hexdigest()
 
 
-def compile_family(nvcc, path, names, options=()):
+def compile_family(nvcc, path, names, options=(), arch=ARCH):
     """(returncode, log, {kernel: resources}) for one source."""
-    compiled = compile_cubin(path, names, CHECK_FLAGS + tuple(options), nvcc)
+    compiled = compile_cubin(path, names, CHECK_FLAGS + tuple(options), nvcc, arch)
     return compiled.returncode, compiled.log, compiled.resources
 
 
@@ -65,8 +67,8 @@ def compile_all(nvcc, parallel=2, done=lambda results: None):
     after each source."""
     results = {}
     with ThreadPoolExecutor(parallel) as pool:
-        futures = {pool.submit(compile_family, nvcc, path, names, options): family
-                   for family, path, names, options in sources()}
+        futures = {pool.submit(compile_family, nvcc, path, names, options, arch): family
+                   for family, path, names, options, arch in sources()}
         for future in as_completed(futures):
             results[futures[future]] = future.result()
             done(results)
@@ -74,7 +76,9 @@ def compile_all(nvcc, parallel=2, done=lambda results: None):
 
 
 def report_of(nvcc, key, results):
-    return {"key": key, "nvcc": nvcc, "arch": ARCH, "failed": [f for f, (code, _, _) in results.items() if code],
+    archs = {family: arch for family, *_, arch in sources()}
+    return {"key": key, "nvcc": nvcc, "arch": {f: archs[f] for f in results},
+            "failed": [f for f, (code, _, _) in results.items() if code],
             "compiled": sorted(results), "kernels": {f: k for f, (_, _, k) in results.items()}}
 
 

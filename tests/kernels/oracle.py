@@ -82,10 +82,11 @@ class Inputs:
 
 # ---- convolution ------------------------------------------------------------------------------
 
-def check_conv(kernels, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, tile=None, every_plan=False):
+def check_conv(kernels, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, tile=None, every_plan=False, keep=None):
     """Forward, grad-input and grad-weight of one convolution; `tile` asserts which conv.cu tile
-    runs without a tuner; `every_plan` checks every kernel plan of each pass (v1, each v2 tile
-    and split that fits), not only the one the autotuner (or its absence) picks."""
+    runs without a tuner; `every_plan` checks every kernel plan of each pass (v1, each v2 and v3
+    tile and split that fits) that `keep(conv_pass, plan)` accepts (None: all), not only the one
+    the autotuner (or its absence) picks."""
     data = Inputs(xp, mode, seed)
     x, wt = data.normal((n, h, w, c)), data.normal((k, r, r, c), scale=(r * r * c) ** -0.5)
     previous, kernels.allow_tf32 = kernels.allow_tf32, mode == "tf32"
@@ -109,7 +110,8 @@ def check_conv(kernels, xp, mode, n, h, w, c, k, r, stride, padding, seed=0, til
         checked = []
         for conv_pass, (operands, run, expected) in passes.items():
             operands = [data.kernel(a) for a in operands]
-            plans = kernels.plans(conv_pass, operands, geometry) if every_plan else [None]
+            plans = [p for p in kernels.plans(conv_pass, operands, geometry) if keep is None or keep(conv_pass, p)] \
+                if every_plan else [None]
             for plan in plans:
                 out = run(*operands, plan)
                 if conv_pass == "conv_wgrad":

@@ -31,7 +31,8 @@ def test_resnet50_layers_account_for_every_parameter():
 
 def test_report_ratios_targets_and_table():
     conv = {"op": "conv fwd", "mode": "tf32", "flop": 4e12, "ms": 10.0, "tflops": 400.0}
-    rows = [dict(conv, layer="a", torch_ms=5.0), dict(conv, layer="b", torch_ms=20.0),
+    rows = [dict(conv, layer="a", torch_ms=5.0, plan="v2:tf32_128x256:1"),
+            dict(conv, layer="b", torch_ms=20.0, plan="v3:bf16_128x128:1"),
             {"op": "bn fwd", "layer": "c", "mode": "fp32", "bytes": 3e9, "ms": 1.0, "gbps": 3000.0},
             {"op": "conv", "layer": "stem", "mode": "bf16", "skipped": "bf16 needs multiples of 8"},
             {"op": "sgd", "layer": "d", "mode": "fp32", "error": "RuntimeError: boom"}]
@@ -39,6 +40,8 @@ def test_report_ratios_targets_and_table():
     summary = bench.summarize(rows, ceilings)
     assert rows[0]["vs_torch"] == 0.5 and rows[1]["vs_torch"] == 2.0 and rows[0]["of_peak"] == 0.5
     assert abs(summary["conv geomean vs cuDNN (target >= 0.5)"] - 1.0) < 1e-12
+    assert summary["conv on v2 plans (1) geomean vs cuDNN"] == 0.5  # each version's rows apart
+    assert summary["conv on v3 plans (1) geomean vs cuDNN"] == 2.0
     assert summary["bn median share of copy bandwidth (target >= 0.7)"] == 0.75
     table = bench.format_table(rows, ceilings, summary)
     assert "400.0 TFLOP/s" in table and "3000 GB/s" in table and "boom" in table and "multiples of 8" in table
@@ -74,6 +77,7 @@ def test_measuring_code_with_emulated_kernels_and_cpu_torch(emulated, monkeypatc
         if "max_error_vs_torch" in row:
             tolerance = 3e-2 if mode == "bf16" else 2e-3  # both sides rounded (TF32 or bf16), independently
             assert row["max_error_vs_torch"] < tolerance, (op, layer, mode, row["max_error_vs_torch"])
+    assert all(r["plan"] == "v1" for r in rows if r["op"].startswith("conv ")), "no tuner: v1 ran"
     measured = [r for r in rows if "ms" in r]
     assert len(measured) == 2 * 3 + 3 - 1 + 2 * 2 + 1 and all("torch_ms" in r for r in measured)
     assert calls.count(True) == calls.count(False) == len(measured)

@@ -14,7 +14,8 @@ from minidl.kernels import autotune, canary, loader
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-WGRAD = [p.name for p in canary.PLANS if p.conv_pass == "conv_wgrad" and not p.fuse and p.plan.splits == 1]
+WGRAD = [p.name for p in canary.PLANS
+         if p.plan.version == "v2" and p.conv_pass == "conv_wgrad" and not p.fuse and p.plan.splits == 1]
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +125,8 @@ def test_the_command_line_reuses_the_cache_and_writes_every_plan(device_env, tmp
     assert rows[WGRAD[2]]["status"] == "ok" and rows[WGRAD[2]]["dtype"] == "bf16"
     assert rows[WGRAD[2]]["seconds"] > 0 and rows[WGRAD[2]]["max_error"] <= autotune.TOLERANCE["bf16"]
     lines = result.stdout.strip().splitlines()
-    assert len(lines) == len(canary.PLANS) + 2 and lines[-1].startswith("canary: 48 plans on emulator, 47 ok")
+    assert len(lines) == len(canary.PLANS) + 2
+    assert lines[-1].startswith(f"canary: {len(canary.PLANS)} plans on emulator, {len(canary.PLANS) - 1} ok")
     assert json.loads(cache.read_text())["plans"][WGRAD[2]]["status"] == "ok", "the tuner's cache holds it now"
 
 
@@ -136,6 +138,8 @@ def test_the_command_line_reuses_the_cache_and_writes_every_plan(device_env, tmp
     (["--json", "x.json"], {"MINIDL_DEVICE_KERNELS": ""}, "no GPU here"),
     (["--json", "x.json", "--plan-timeout", "0"], {}, "--plan-timeout 0: give the seconds"),
     (["--json", "x.json", "--plan-timeout"], {}, "usage: python -m minidl.kernels.canary --json FILE"),
+    (["--json", "x.json", "--skip", "v4", "--reason", "no"], {}, "--skip v4 --reason 'no': give one of v2, v3"),
+    (["--json", "x.json", "--skip", "v3"], {}, "--skip v3 --reason None: give one of v2, v3"),
 ])
 def test_the_command_line_refuses_in_one_line(device_env, flags, env, says):
     for name, value in env.items():
@@ -172,7 +176,7 @@ def test_the_device_validates_what_its_cache_lacks_and_checks_every_candidate(de
     device_env.setenv("EMULATED_DEVICE_BREAK_KERNELS", "128, 128, 64")
     result, rows = bench_autotune(tmp_path)
     assert "validated 1 kernel plans on emulator" in result.stdout and f"1 failed: {WGRAD[2]}" in result.stdout
-    assert rows and all("bf16_128x128" not in r["choice"] for r in rows)
+    assert rows and all("v2:bf16_128x128" not in r["choice"] for r in rows)
     forward = [c for r in rows if r["key"].startswith("conv_fwd") for c in r["candidates"]
                if c["plan"].startswith("v2:bf16_128x128")]
     assert forward and all(c["status"] == "mismatch" and c["max_error"] > autotune.TOLERANCE["bf16"]
@@ -214,3 +218,15 @@ def test_a_family_the_device_cannot_run_is_recorded_unavailable_and_never_starte
     canary.validator(compute_capability="80")({}, lambda name, record, persist=True: recorded.setdefault(name, record))
     assert list(recorded) == [p.name for p in canary.PLANS]
     assert all(r["status"] == "unavailable" and "needs sm_90a" in r["error"] for r in recorded.values())
+
+
+def test_a_skipped_version_is_recorded_unavailable_with_the_reason_and_never_started(monkeypatch):
+    """`--skip v3 --reason WHY` (the GPU check after a failed wgmma self-test): v3's plans recorded
+    unavailable with WHY, no child run; v2's validated as before."""
+    monkeypatch.setattr(canary, "run_child", lambda *args: pytest.fail("a child was started"))
+    known = {p.name: {"status": "ok"} for p in canary.PLANS if p.plan.version == "v2"}
+    recorded = {}
+    canary.validator(skipped={"v3": "the wgmma self-test failed"})(
+        known, lambda name, record, persist=True: recorded.setdefault(name, record))
+    assert list(recorded) == [p.name for p in canary.PLANS if p.plan.version == "v3"] and recorded
+    assert all(r["status"] == "unavailable" and r["error"] == "the wgmma self-test failed" for r in recorded.values())

@@ -70,15 +70,17 @@ def test_split_reductions_sum_in_order(emulated, conv_pass, shape):
 
 
 def test_the_plans_of_a_shape(emulated):
-    """v1 first (the kernel without a tuner), then every v2 tile that fits; v2 needs its channel
-    multiples and, for float32 data, TF32 allowed."""
+    """v1 first (the kernel without a tuner), then every v2 tile that fits, then every v3 tile (bf16
+    only); v2 needs its channel multiples and, for float32 data, TF32 allowed."""
     x = numpy.zeros((2, 14, 14, 64), dtype=numpy.uint16)
     w = numpy.zeros((128, 3, 3, 64), dtype=numpy.uint16)
     geometry = (2, 14, 14, 64, 128, 3, 3, 14, 14, 1, 1)
     plans = emulated.plans("conv_fwd", (x, w), geometry)
     assert plans[0] == Plan("v1", "Bf16Tile", 1)
-    assert {p.tile for p in plans[1:]} == {"bf16_128x256", "bf16_256x128", "bf16_128x128"}
-    assert all(p.version == "v2" and p.splits >= 1 for p in plans[1:])
+    assert [p.version for p in plans] == sorted(p.version for p in plans), "v1, then v2, then v3"
+    assert {p.tile for p in plans if p.version == "v2"} == {"bf16_128x256", "bf16_256x128", "bf16_128x128"}
+    assert {p.tile for p in plans if p.version == "v3"} == {"bf16_128x256", "bf16_128x128"}
+    assert all(p.splits >= 1 for p in plans)
     narrow = numpy.zeros((2, 14, 14, 32), dtype=numpy.uint16), numpy.zeros((128, 3, 3, 32), dtype=numpy.uint16)
     assert emulated.plans("conv_fwd", narrow, (2, 14, 14, 32, 128, 3, 3, 14, 14, 1, 1)) == [Plan("v1", "Bf16Tile", 1)]
     floats = x.astype(numpy.float32), w.astype(numpy.float32)

@@ -18,12 +18,8 @@ from minidl.kernels import conv_v3, loader
 from minidl.kernels.autotune import Plan
 from minidl.kernels.launch import Launcher
 from test_emulated_conv_v2 import run_pass
+from v3_shapes import SHAPES  # the GPU check runs the same shapes (gpu_cases.py)
 
-# (n, h, w, c, k, r, stride, padding): the reduction's channels a multiple of 64 where the pass
-# gathers them (fwd: C, dgrad: K), every other edge a multiple of no tile
-SHAPES = {"conv_fwd": [(1, 5, 7, 64, 72, 3, 1, 1), (2, 7, 6, 64, 40, 3, 2, 1), (1, 9, 9, 64, 16, 7, 2, 3)],
-          "conv_dgrad": [(1, 5, 7, 72, 64, 3, 1, 1), (2, 7, 6, 40, 64, 3, 2, 1), (2, 6, 5, 24, 64, 1, 2, 0)],
-          "conv_wgrad": [(1, 5, 7, 72, 40, 3, 1, 1), (2, 7, 6, 16, 24, 3, 2, 1), (1, 9, 9, 8, 16, 7, 2, 3)]}
 CASES = [(tile.name, conv_pass, shape) for tile in conv_v3.TILES.values() for conv_pass, shapes in SHAPES.items()
          if tile.serves(conv_pass) for shape in shapes]
 

@@ -1,6 +1,6 @@
 """The GPU case list (gpu_cases.py) and the prepared check (tests/gpu_check.sh) are sound on any
 machine: unique names, every ResNet-50 conv and BN shape in each mode, the v2 kernels' cases
-apart and first, each case's arguments bound to its check's signature (a run on a lent GPU
+apart and first, the v3 cases after them running only the plans the canary validated, each case's arguments bound to its check's signature (a run on a lent GPU
 cannot die on a TypeError), the runner's statuses and incremental report, the parts in their
 order within the 8-minute budget, the nvcc report carried from the CPU machine only when current."""
 import importlib.util
@@ -9,16 +9,19 @@ import json
 import re
 from pathlib import Path
 
+import numpy
 import pytest
 
 import gpu_cases
 import nvcc_check
+import v3_shapes
 from minidl.bench.kernels import resnet50_batch_norms, resnet50_convs
+from minidl.kernels import Kernels
 
 SCRIPT_PATH = Path(__file__).resolve().parents[1] / "gpu_check.sh"
 SCRIPT = SCRIPT_PATH.read_text()
-PARTS = ["env", "nvcc", "smoke_ptx", "smoke_canary", "v2_cases", "autotune", "gpu_tests", "bench_kernels",
-         "bench_step", "bench_fused", "two_ranks", "report"]
+PARTS = ["env", "nvcc", "smoke_ptx", "smoke_wgmma", "smoke_canary", "v2_cases", "v3_cases", "autotune", "gpu_tests",
+         "bench_kernels", "bench_step", "bench_fused", "two_ranks", "report"]
 
 
 @pytest.mark.parametrize("shapes", gpu_cases.SHAPES)
@@ -32,17 +35,56 @@ def test_cases_bind_and_are_unique(shapes, v1_only):
 
 
 def test_cases_cover_every_resnet50_shape_v2_first():
-    v2, rest = gpu_cases.cases(group="v2"), gpu_cases.cases(group="rest")
+    v2, v3, rest = (gpu_cases.cases(group=group) for group in ("v2", "v3", "rest"))
     names = [name for name, _, _, _ in gpu_cases.cases()]
-    assert names == [name for name, _, _, _ in v2 + rest]
+    assert names == [name for name, _, _, _ in v2 + v3 + rest]
     convs, bns = resnet50_convs(32), resnet50_batch_norms(32)
     assert sum(n.startswith("conv ") for n in names) == 3 * len(convs) - 1  # no bf16 stem
     assert sum(n.startswith("batchnorm ") and n.endswith(("plain", "relu")) for n in names) == 6 * len(bns) + 2
     # every plan of every TF32 and bf16 convolution and every fused plan before anything is timed
     assert {n.split()[0] for n, *_ in v2} == {"conv", "normconv"}
-    assert all(kwargs.get("every_plan") for n, _, _, kwargs in v2 if n.startswith("conv "))
+    assert all(kwargs.get("every_plan") and kwargs["keep"] is gpu_cases.v1_or_v2 for n, _, _, kwargs in v2
+               if n.startswith("conv "))
     assert not any(kwargs.get("every_plan") or n.startswith("normconv") for n, _, _, kwargs in rest)
     assert names[-1].startswith("resnet50 training step")
+
+
+def test_the_v3_cases_are_the_emulators_shapes_then_every_bf16_convolution():
+    found = gpu_cases.cases(group="v3")
+    assert all(check is gpu_cases.check_v3 for _, check, _, _ in found)
+    emulated = list(dict.fromkeys(shape for shapes in v3_shapes.SHAPES.values() for shape in shapes))
+    bf16 = [shape for shape in resnet50_convs(32).values() if shape[3] % 8 == 0]  # all but the stem
+    assert [args for _, _, args, _ in found] == emulated + bf16 and len(bf16) == len(resnet50_convs(32)) - 1
+    for name, check, args, kwargs in gpu_cases.cases(group="v3", v1_only=True):
+        with pytest.raises(gpu_cases.Skipped, match="v1 only"):
+            check("kernels", "cupy", *args, **kwargs)
+
+
+class Statuses:
+    """A tuner stand-in: the canary's verdicts only."""
+
+    def __init__(self, statuses):
+        self.statuses = statuses
+
+
+def test_the_v3_cases_run_only_what_the_canary_validated(emulated):
+    """Forward 1×5×7×64→72, 3×3: v3 offers both tiles for the forward pass and the 128×128 one for
+    grad-weight. Only the validated plan runs; the others are named with their status; none
+    validated, or no tuner, is a skip that says why."""
+    ok = {"status": "ok", "error": None}
+    failed = {"status": "failed", "error": "illegal address"}
+    shape = (1, 5, 7, 64, 72, 3, 1, 1)
+    tuned = Kernels(emulated._load, 2, tuner=Statuses({"conv_fwd v3 bf16_128x128": ok,
+                                                       "conv_fwd v3 bf16_128x256": failed}))
+    result = gpu_cases.check_v3(tuned, numpy, *shape)
+    assert result["plans"] == ["v3:bf16_128x128:1"]
+    assert result["not validated"] == {"conv_fwd v3 bf16_128x256": "failed: illegal address",
+                                       "conv_wgrad v3 bf16_128x128": "not validated: the canary did not run it here"}
+    with pytest.raises(gpu_cases.Skipped, match="conv_fwd v3 bf16_128x256 failed: illegal address"):
+        gpu_cases.check_v3(Kernels(emulated._load, 2, tuner=Statuses({"conv_fwd v3 bf16_128x256": failed})), numpy,
+                           *shape)
+    with pytest.raises(gpu_cases.Skipped, match="no tuner"):
+        gpu_cases.check_v3(Kernels(emulated._load, 2), numpy, *shape)
 
 
 def test_v1_only_launches_no_v2_kernel():
@@ -98,7 +140,8 @@ def parts_of(script):
 
 
 def test_the_prepared_check_runs_its_parts_in_order_within_8_minutes():
-    """Smoke first, the v2 cases before autotune, the timings after the checks; every part at its
+    """Smoke first (the wgmma self-test before the canary), the v2 and v3 cases before autotune, the
+    timings after the checks; every part at its
     limit and killed 2 s after it still ends within 8 minutes; each case runner stops starting
     cases before its part's limit."""
     parts = parts_of(SCRIPT)
@@ -106,7 +149,7 @@ def test_the_prepared_check_runs_its_parts_in_order_within_8_minutes():
     assert sum(limit for _, limit in parts) + 2 * len(parts) <= 8 * 60 and "--kill-after=2" in SCRIPT
     limits = dict(parts)
     deadlines = re.findall(r"^part (\w+) .*\n?.*--seconds \$\(\((\d+) \* SCALE\)\)", SCRIPT, re.MULTILINE)
-    assert [name for name, _ in deadlines] == ["v2_cases", "gpu_tests"]
+    assert [name for name, _ in deadlines] == ["v2_cases", "v3_cases", "gpu_tests"]
     for name, seconds in deadlines:
         assert int(seconds) <= limits[name] - 10, name
     assert "--batch-sizes 256,32 --modes bf16" in SCRIPT
@@ -114,6 +157,7 @@ def test_the_prepared_check_runs_its_parts_in_order_within_8_minutes():
                      r"--image-size 224", SCRIPT)
     assert "--no-fuse --json \"$OUT/bench_step.json\"" in SCRIPT and "--fuse --json \"$OUT/bench_fused.json\"" in SCRIPT
     assert "tests/gpu_two_ranks.sh" in SCRIPT and "ptx_selftest.py --json" in SCRIPT
+    assert "ptx_selftest.py --suite wgmma --device $SELFTEST_DEVICE" in SCRIPT
     assert "minidl.kernels.canary --json" in SCRIPT
 
 

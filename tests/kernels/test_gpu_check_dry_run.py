@@ -1,8 +1,10 @@
 """tests/gpu_check.sh without a GPU (`--dry-run`: the CPU emulator stands in for it, tiny shapes),
-once as it is and once with every v2 kernel launch killing its process as a sticky fault would
-(`--break v2`): every part's file written and report.json complete in both; the first validates
-every v2 plan; the broken one still finishes every part, lists each v2 plan failed with the
-injected error, runs the later parts on v1 only and chooses v1 everywhere. Also: a rerun skips
+once as it is and once each with every v2 or every v3 kernel launch killing its process as a
+sticky fault would (`--break v2`, `--break v3`): every part's file written and report.json
+complete in all three; the first validates every v2 and v3 plan and checks both; the v2-broken
+one still finishes every part, lists each v2 plan failed with the injected error, runs the later
+parts on v1 only and chooses v1 everywhere; the v3-broken one lists each v3 plan failed, skips
+the v3 cases with the canary's reason, keeps v2 and chooses v1 or v2 everywhere. Also: a rerun skips
 what passed, usage errors, the step benchmark's times before its memory, and two ranks' result
 file when the run fails. `pytest -s` prints each dry run's wall time and its parts' seconds."""
 import json
@@ -40,9 +42,9 @@ def gpu_check(*args, timeout=1500):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{"dry" | "broken": (OUTDIR, completed process, report)} of the two dry runs."""
+    """{"dry" | "broken" | "broken_v3": (OUTDIR, completed process, report)} of the three dry runs."""
     found = {}
-    for name, flags in (("dry", ()), ("broken", ("--break", "v2"))):
+    for name, flags in (("dry", ()), ("broken", ("--break", "v2")), ("broken_v3", ("--break", "v3"))):
         out = tmp_path_factory.mktemp(name)
         started = time.monotonic()
         result = gpu_check(out, "--dry-run", *flags)
@@ -53,7 +55,7 @@ def runs(tmp_path_factory):
     return found
 
 
-@pytest.mark.parametrize("name", ["dry", "broken"])
+@pytest.mark.parametrize("name", ["dry", "broken", "broken_v3"])
 def test_every_part_written_and_reported(runs, name):
     out, result, report = runs[name]
     assert [p["part"] for p in report["parts"]] == PARTS, result.stdout[-3000:]
@@ -69,21 +71,24 @@ def test_every_part_written_and_reported(runs, name):
     assert nvcc["key"] == nvcc_check.source_key()
     assert "kernels" in nvcc or nvcc["failed"].startswith(("missing", "stale"))
     rc = {p["part"]: p["rc"] for p in report["parts"]}
-    expected_failures = {"nvcc"} | ({"smoke_canary"} if name == "broken" else set())
+    expected_failures = {"nvcc"} | ({"smoke_canary"} if name.startswith("broken") else set())
     assert {part for part, code in rc.items() if code} <= expected_failures, rc
     assert report["bench_step"]["minidl_img_per_s"] > 0 and report["bench_step"]["torch_peak_mb"] > 0
     assert report["bench_fused"]["fuse"] and report["two_ranks"]["passed"]
     assert report["bench_kernels"]["rows"] and not any("error" in r for r in report["bench_kernels"]["rows"])
 
 
-def test_the_dry_run_validates_every_plan_and_checks_v2(runs):
+def test_the_dry_run_validates_every_plan_and_checks_v2_and_v3(runs):
     out, result, report = runs["dry"]
+    assert report["smoke_wgmma"]["passed"] and report["v3_off"] is False
     found = report["smoke_canary"]
     assert found["counts"]["ok"] == len(found["plans"]) == len(canary.PLANS), found["counts"]
     assert report["v1_only"] is False and not any(p["v1_only"] for p in report["parts"])
-    v2 = report["v2_cases"]
-    assert v2["counts"] == {"passed": v2["cases"]}
-    assert any("v2:" in r["detail"] for r in v2["results"])  # the plans each case checked
+    for version in ("v2", "v3"):
+        cases = report[f"{version}_cases"]
+        assert cases["counts"] == {"passed": cases["cases"]}
+        assert any(f"{version}:" in r["detail"] for r in cases["results"])  # the plans each case checked
+    assert not any("v3:" in r["detail"] for r in report["v2_cases"]["results"])
     tests = report["gpu_tests"]
     skipped = [r["case"] for r in tests["results"] if r["status"] == "skipped"]
     assert set(tests["counts"]) == {"passed", "skipped"} and all("graph" in case for case in skipped)
@@ -93,8 +98,9 @@ def test_the_dry_run_validates_every_plan_and_checks_v2(runs):
 def test_the_broken_run_lists_each_v2_failure_and_chooses_v1(runs):
     out, result, report = runs["broken"]
     found = report["smoke_canary"]
-    assert found["counts"]["failed"] == len(found["plans"]) == len(canary.PLANS), found["counts"]
-    assert all(INJECTED in plan["error"] for plan in found["plans"])
+    assert len(found["plans"]) == len(canary.PLANS)
+    v2 = [plan for plan in found["plans"] if " v2 " in plan["plan"]]
+    assert v2 and all(plan["status"] == "failed" and INJECTED in plan["error"] for plan in v2)
     assert "smoke part failed" in report["v1_only"]
     for part in report["parts"]:
         assert part["v1_only"] == (part["part"] in AFTER_SMOKE), part
@@ -108,6 +114,29 @@ def test_the_broken_run_lists_each_v2_failure_and_chooses_v1(runs):
     v2_cases = {r["case"]: r["status"] for r in report["v2_cases"]["results"]}
     assert all(status == ("skipped" if case.startswith("normconv") else "passed") for case, status in v2_cases.items())
     assert all(case.endswith("v1 only") for case in v2_cases if case.startswith("conv "))
+    assert all(r["status"] == "skipped" and "v1 only" in r["detail"] for r in report["v3_cases"]["results"])
+
+
+def test_the_v3_broken_run_fails_v3_alone_and_chooses_v1_or_v2(runs):
+    out, result, report = runs["broken_v3"]
+    found = report["smoke_canary"]
+    assert len(found["plans"]) == len(canary.PLANS)
+    for plan in found["plans"]:
+        if " v3 " in plan["plan"]:
+            assert plan["status"] == "failed" and INJECTED in plan["error"], plan
+        else:
+            assert plan["status"] == "ok", plan
+    assert report["v1_only"] is False and not any(p["v1_only"] for p in report["parts"])
+    assert "the canary failed v3 plans only" in result.stdout
+    v3 = report["v3_cases"]["results"]
+    assert v3 and all(r["status"] == "skipped" and INJECTED in r["detail"] for r in v3), v3
+    assert report["v2_cases"]["counts"] == {"passed": report["v2_cases"]["cases"]}
+    rows = report["autotune"]["rows"]
+    assert rows and all(row["choice"].startswith(("v1", "v2")) for row in rows)
+    assert any(c["plan"].startswith("v2") and c["status"] == "ok" for row in rows for c in row["candidates"])
+    for row in rows:
+        v3 = [c for c in row["candidates"] if c["plan"].startswith("v3")]
+        assert all(c["status"] == "failed" and c["ms"] is None for c in v3), row
 
 
 def test_a_rerun_skips_what_passed(runs, tmp_path):
@@ -124,7 +153,7 @@ def test_a_rerun_skips_what_passed(runs, tmp_path):
 
 def test_a_rerun_of_another_kind_and_bad_flags_are_usage_errors(runs, tmp_path):
     broken = runs["broken"][0]
-    for args in ((tmp_path / "x", "--rerun", broken, "--dry-run"), (), (tmp_path / "x", "--break", "v3", "--dry-run"),
+    for args in ((tmp_path / "x", "--rerun", broken, "--dry-run"), (), (tmp_path / "x", "--break", "v4", "--dry-run"),
                  (tmp_path / "x", "--break", "v2"), (tmp_path / "x", "--rerun", tmp_path / "none")):
         result = gpu_check(*args, timeout=60)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)

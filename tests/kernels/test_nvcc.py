@@ -1,8 +1,8 @@
-"""Every kernels/*.cu compiles with `nvcc -arch=sm_90 -cubin -Xptxas -v` (warnings are errors),
-every kernel minidl.kernels launches is in the cubin, and none spills registers to local
-memory; the emulator's selftests compile too (the emulated semantics are those of valid CUDA).
-`pytest -s` prints registers, spills and shared memory per kernel (nvcc_check.py prints the same
-table standalone, or as JSON)."""
+"""Every kernels/*.cu compiles with `nvcc -arch=sm_90 -cubin -Xptxas -v` (conv_v3 for sm_90a;
+warnings are errors), every kernel minidl.kernels launches is in the cubin, and none spills
+registers to local memory; the emulator's selftests compile too (the emulated semantics are
+those of valid CUDA). `pytest -s` prints registers, spills and shared memory per kernel
+(nvcc_check.py prints the same table standalone, or as JSON)."""
 import pytest
 
 import nvcc_check

@@ -2,7 +2,7 @@
 program, parsed back, against launch geometry computed here by hand and against what the
 launcher launches when it really runs (on the CPU emulator); the program's host half (its inputs,
 its float64 reference, its check) compiled by g++ against the NumPy reference; every family and
-pass built by nvcc (it cannot run here)."""
+pass built by nvcc (it cannot run here), v3 for sm_90a."""
 import re
 import shutil
 import subprocess
@@ -243,7 +243,7 @@ def test_sampled_check(gxx, tmp_path):
 @pytest.mark.slow
 def test_every_family_and_pass_builds(tmp_path):
     """nvcc compiles and links every family's program for each pass (bf16; the shared CUDA
-    runtime), warnings as errors; the binary holds sm_90 code. It cannot run here."""
+    runtime), warnings as errors; the binary holds sm_90 code (v3's: sm_90a). It cannot run here."""
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (PATH, $CUDA_PATH/bin, /usr/local/cuda/bin)")
@@ -260,7 +260,8 @@ def test_every_family_and_pass_builds(tmp_path):
     for command, result in zip(jobs, results):
         assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout}{result.stderr}"
         binary = command[command.index("-o") + 1]
-        assert b"sm_90" in open(binary, "rb").read()
+        arch = b"sm_90a" if "conv_v3" in binary else b"sm_90"
+        assert arch in open(binary, "rb").read(), binary
 
 
 # ---- the command line ---------------------------------------------------------------------------
@@ -282,6 +283,8 @@ def test_command_writes_the_program(tmp_path, capsys):
     (["--shape", "1,5,7,64,64,3,1,1", "--tile", "bf16_64x64"], "offers v2:bf16_128x256:1, v2:bf16_256x128:1"),
     (["--shape", "1,5,7,3,64,3,1,1", "--dtype", "tf32"], "give --dtype fp32"),
     (["--shape", "1,5,7,12,64,3,1,1"], "multiples of 8"),
+    (["--family", "conv_v3", "--shape", "2,9,9,512,64,3,2,1", "--splits", "4"],
+     "launches kernels of conv_v2 and conv_v3, whose sources define the same names"),
 ])
 def test_command_errors_are_one_line(tmp_path, capsys, flags, message):
     assert bench_main(["standalone", "--family", "conv_v2", "--pass", "fwd", "--out", str(tmp_path), *flags]) == 2
