@@ -24,15 +24,20 @@ def watch(rank, size):
     note = f"\nminidl: rank {rank} of {size} (pid {os.getpid()} on {socket.gethostname()}) died without " \
            "finishing: killed or crashed\n"
     read_end, write_end = os.pipe()
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}  # a scheduler's stop is the rank's to answer
+    # blocked across the fork, so a stop sent at once cannot reach the watcher before it ignores it
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     if os.fork() == 0:  # the watcher
         os.close(write_end)
         os.setsid()  # out of the rank's process group: the launcher's kill of the rank spares it
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):  # a scheduler's stop is the rank's to answer
+        for signum in stops:
             signal.signal(signum, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         news = os.read(read_end, 1)
         if not news:
             os.write(2, note.encode())
         os._exit(0)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(read_end)
     _pipe = write_end
     atexit.register(disarm)
