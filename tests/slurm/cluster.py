@@ -49,6 +49,7 @@ def configuration(root, munge_socket, mpi_plugins, first_job_id):
              "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
              "AccountingStorageType=accounting_storage/none", "SelectType=select/cons_tres",
              "SelectTypeParameters=CR_CPU", f"KillWait={KILL_WAIT}", "ReturnToService=2",
+             "MinJobAge=3600",  # a finished job's record stays for the test that waits on it
              *(["MpiDefault=pmi2"] if "pmi2" in mpi_plugins else []),
              f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN",
              f"PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP"]

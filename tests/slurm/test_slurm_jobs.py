@@ -35,11 +35,13 @@ def training_flags(data, output_dir, epochs):
     return argv[argv.index(str(REPO / "train.py")) + 1:]
 
 
-def scaled_job_script(folder):
-    """docs/slurm.sbatch without its sizing lines: the same srun line, requeue and output mode."""
+def scaled_job_script(folder, first_allocation_delay):
+    """docs/slurm.sbatch without its sizing lines: the same srun line, requeue and output mode; the
+    first allocation waits `first_allocation_delay` seconds before its srun."""
     lines = [line for line in JOB_SCRIPT.read_text().splitlines()
              if not (line.startswith("#SBATCH") and line.split()[1].split("=")[0] in SIZING)]
-    assert any(line.startswith("srun --mpi=pmi2 --kill-on-bad-exit=1 ") for line in lines)
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun --mpi=pmi2 --kill-on-bad-exit=1 "))
+    lines.insert(srun, f'[ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] || sleep {first_allocation_delay}')
     path = folder / "job.sbatch"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -76,16 +78,20 @@ def controller_times(slurm, pattern):
 def test_time_limit_checkpoints_requeues_and_the_next_allocation_resumes_exactly(slurm, data, tmp_path):
     require_mpi()
     chain, reference = tmp_path / "chain", tmp_path / "reference"
-    # 20 epochs take 100 to 300 s of the two cores beside the uninterrupted run, so the first
-    # allocation meets its limit (60 to 90 s: slurmctld looks every 30 s) well before the end on
-    # an idle machine as on a loaded one; a loaded machine needs a third allocation, or more
-    flags = training_flags(data, chain, epochs=20)
+    # The first allocation meets its limit 60 to 90 s after it starts (slurmctld looks every 30 s).
+    # Its srun starts 40 s in, so it trains for 20 to 50 s of the 900 iterations: 625 at most
+    # alone on an idle 2-core machine (12.5 iterations/s: 600 took 48 s here, 72 s on CI's).
+    # A loaded machine needs a third allocation, or more.
+    flags = training_flags(data, chain, epochs=30)
     output = tmp_path / "job.out"
+    script = scaled_job_script(tmp_path, first_allocation_delay=40)
     job = slurm.run("sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--time=1", f"--output={output}",
-                    f"--chdir={REPO}", str(scaled_job_script(tmp_path)), *flags, env=job_environment(slurm)).stdout
+                    f"--chdir={REPO}", str(script), *flags, env=job_environment(slurm)).stdout
     job = job.strip().split(";")[0]
-    uninterrupted = subprocess.run(command(data, reference, "--print-freq", 5, ranks=2, epochs=20),
+    started = time.monotonic()
+    uninterrupted = subprocess.run(command(data, reference, "--print-freq", 5, ranks=2, epochs=30),
                                    capture_output=True, text=True, env=environment(), timeout=600)
+    print(f"the uninterrupted run took {time.monotonic() - started:.0f} s")
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
     record = wait_for_job(slurm, job, lambda r: r.get("JobState") in ("COMPLETED", "FAILED"), 600, output)
     assert record["JobState"] == "COMPLETED", read(output)
