@@ -1,6 +1,7 @@
 """Part 1 across BLAS kernels and the run store: B* over resamples of seeds and kernels against an
 exact enumeration, the spreads against closed forms, the store as the study's cache across
 machines, and the flags' one-line errors."""
+import argparse
 import itertools
 import json
 import math
@@ -92,6 +93,18 @@ def test_a_damaged_store_or_bad_kernels_flag_is_one_line(tmp_path, capsys):
     assert cli.main(tiny(tmp_path, "--kernels", "Haswell,SkylakeX", "--store", str(tmp_path / "s.jsonl"))) == 2
     assert "add --parts 1" in error_line(capsys)
     assert cli.main(tiny(tmp_path, "--kernels", "Has well")) == 2 and "not an OpenBLAS core type" in error_line(capsys)
+
+
+def test_an_avx512_core_type_on_a_cpu_without_avx512_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "cpu_flags", lambda: {"sse2", "avx", "avx2", "fma"})
+    assert cli.main(tiny(tmp_path, "--kernels", "SkylakeX", "--parts", "1")) == 2
+    assert "--kernels SkylakeX: its kernels need AVX-512, which this CPU lacks" in error_line(capsys)
+    assert not (tmp_path / "out" / "runs").exists()  # refused before any run
+    args = argparse.Namespace(kernels=["SkylakeX"], store=None, parts=[1], lr_sweep=None)
+    monkeypatch.setattr(cli, "cpu_flags", lambda: {"avx2", "avx512f"})
+    assert cli.check_kernels(args) is None  # an AVX-512 CPU runs it
+    monkeypatch.setattr(cli, "cpu_flags", set)
+    assert cli.check_kernels(args) is None  # flags unknown (no /proc/cpuinfo): not refused
 
 
 def test_the_kernel_comparison_reads_the_stores_part_1(tmp_path):

@@ -201,6 +201,20 @@ def use_device(device, argv):
               dict(os.environ, MINIDL_DEVICE="cpu"))
 
 
+# OpenBLAS core types whose kernels use AVX-512: OpenBLAS takes them on any x86 CPU, which then stops
+# on an illegal instruction at the first product
+AVX512_CORE_TYPES = {"skylakex", "cooperlake", "sapphirerapids"}
+
+
+def cpu_flags():
+    """The instruction-set flags of this CPU (/proc/cpuinfo); empty where the file is not there."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith("flags")), "").split())
+
+
 def check_kernels(args):
     for kernel in args.kernels or ():
         if not kernel.isalnum():
@@ -212,6 +226,11 @@ def check_kernels(args):
             raise UserError("--kernels with several core types compares them from the run store: add --store FILE")
         if set(args.parts) != {1} or args.lr_sweep:
             raise UserError("--kernels with several core types runs part 1 only: add --parts 1 (and no --lr-sweep)")
+    flags = cpu_flags()
+    for kernel in args.kernels or ():
+        if kernel.lower() in AVX512_CORE_TYPES and flags and "avx512f" not in flags:
+            raise UserError(f"--kernels {kernel}: its kernels need AVX-512, which this CPU lacks: use a core type "
+                            "it runs (e.g. Haswell), or a machine with AVX-512")
 
 
 def use_kernel(kernel, argv):
