@@ -104,3 +104,47 @@ struct PixelCursor {
     }
 };
 
+// ---- grad-input's phases --------------------------------------------------------------------------
+// Grad-input with stride st is st² products: phase (ph, pw) computes the input pixels
+// h = ph + i·st, w = pw + j·st (a phase_h × phase_w grid per image) from the taps r = r0 + rr·st,
+// s = s0 + ss·st only, and dX[n, h, w, c] = Σ_{rr, ss, k} dY[n, pb + i − rr, qb + j − ss, k] ·
+// W[k, r, s, c] with pb = (ph + pad − r0)/st. blockIdx.z is phase · splits + split.
+struct PhasePixel {
+    int dy_element;   // dY's element (n, pb + i, qb + j, 0): the pixel's first tap
+    unsigned inside;  // which taps lie inside dY: bit rr, bit 16 + ss
+};
+struct DgradPhase {
+    int index, split, splits, ph, pw, r0, s0, taps_r, taps_s, phase_h, phase_w, pb, qb;
+    DgradPhase() = default;
+    __device__ explicit DgradPhase(const Geometry& g) {
+        int st = g.stride;
+        splits = int(gridDim.z) / (st * st), index = int(blockIdx.z) / splits, split = int(blockIdx.z) % splits;
+        ph = index / st, pw = index % st;
+        r0 = (ph + g.pad) % st, s0 = (pw + g.pad) % st;
+        taps_r = (g.R - r0 + st - 1) / st, taps_s = (g.S - s0 + st - 1) / st;
+        phase_h = (g.H - ph + st - 1) / st, phase_w = (g.W - pw + st - 1) / st;
+        pb = (ph + g.pad - r0) / st, qb = (pw + g.pad - s0) / st;
+    }
+    __device__ int rows(const Geometry& g) const { return g.N * phase_h * phase_w; }
+    __device__ int taps() const { return taps_r * taps_s; }
+    __device__ PhasePixel pixel(const Geometry& g, int m) const {
+        int j = m % phase_w, i = m / phase_w % phase_h, n = m / (phase_w * phase_h);
+        int p = pb + i, q = qb + j;
+        return {((n * g.P + p) * g.Q + q) * g.K,
+                inside_bits(p, taps_r, g.P, true) | inside_bits(q, taps_s, g.Q, true) << 16};
+    }
+    // dX's element (n, ph + i·st, pw + j·st, 0) of the phase's pixel m
+    __device__ long long dx_row(const Geometry& g, int m) const {
+        int j = m % phase_w, i = m / phase_w % phase_h, n = m / (phase_w * phase_h);
+        return (((long long)n * g.H + ph + i * g.stride) * g.W + pw + j * g.stride) * g.C;
+    }
+    // W's element (k = 0, r0, s0, c = 0)
+    __device__ int w_first_tap(const Geometry& g) const { return (r0 * g.S + s0) * g.C; }
+    // per k-tile the next bk output channels; per tap column one dY column back and st filter
+    // columns on; per tap row one dY row back and st filter rows on
+    __device__ WalkOffset dy_walk(const Geometry& g, int bk) const { return {0, bk, -2 * g.K, -(g.Q - taps_s) * g.K}; }
+    __device__ WalkOffset w_walk(const Geometry& g, int bk) const {
+        return {0, bk * g.rsc(), g.stride * g.C - g.K * g.rsc(), g.stride * g.S * g.C - taps_s * g.stride * g.C};
+    }
+};
+

@@ -279,10 +279,8 @@ struct FwdPass : WalkedPass<Cfg, KMajor<Cfg>, ColumnSlots<Cfg::THREADS, Cfg::BN,
     }
 };
 
-// Grad-input, phase (ph, pw): the input pixels h = ph + i·st, w = pw + j·st receive the taps
-// r = r0 + rr·st, s = s0 + ss·st, and dX[n, h, w, c] = Σ_{rr, ss, k} dY[n, pb + i − rr, qb + j − ss, k]
-// · W[k, r, s, c] with pb = (ph + pad − r0)/st (kernels/conv.cu's DgradPass). blockIdx.z is
-// phase · splits + split. A: dy at the pixel's taps; B: w over (tap, k), MN-major.
+// Grad-input, one phase of the stride's (DgradPhase in conv_gather.cuh; kernels/conv.cu's DgradPass
+// is the same product): A: dy at the pixel's taps; B: w over (tap, k), MN-major.
 template <class Cfg>
 using DgradB = ColumnSlots<Cfg::THREADS, Cfg::BK, Cfg::BN / Cfg::EPC, !Cfg::BF16>;
 
@@ -293,47 +291,34 @@ struct DgradPass : WalkedPass<Cfg, KMajor<Cfg>, DgradB<Cfg>> {
     using ASlots = typename Base::ASlots;
     using BSlots = typename Base::BSlots;
     static constexpr bool A_K_MAJOR = true, B_K_MAJOR = false, NORMALIZES = false;
-    int ph, pw, phase_h, phase_w;
+    DgradPhase phase;
     NormArgs<T> fused;
     float* slab;  // FUSE_DRELU: this block's sums, [Σg | Σg(y − mean)][C]; a group's slabs are consecutive
 
     __device__ DgradPass(const Geometry& g_, const T* dy, const T* w, const NormArgs<T>& fused_)
-        : Base(g_, dy, w), fused(fused_) {
+        : Base(g_, dy, w), phase(g_), fused(fused_) {
         const Geometry& g = this->g;
-        int st = g.stride, splits = int(gridDim.z) / (st * st), phase = int(blockIdx.z) / splits;
-        ph = phase / st, pw = phase % st;
-        int r0 = (ph + g.pad) % st, s0 = (pw + g.pad) % st;
-        int taps_r = (g.R - r0 + st - 1) / st, taps_s = (g.S - s0 + st - 1) / st;
-        phase_h = (g.H - ph + st - 1) / st, phase_w = (g.W - pw + st - 1) / st;
-        this->tile_groups(fused.groups, phase_h * phase_w, g.N * phase_h * phase_w);
+        this->tile_groups(fused.groups, phase.phase_h * phase.phase_w, phase.rows(g));
         this->columns = g.C;
-        int slab_index = (this->group * st * st + phase) * fused.groups.tiles + int(blockIdx.x) % fused.groups.tiles;
+        int slab_index = (this->group * g.stride * g.stride + phase.index) * fused.groups.tiles +
+                         int(blockIdx.x) % fused.groups.tiles;
         slab = FUSE & FUSE_DRELU ? fused.sums + (long long)slab_index * 2 * g.C : nullptr;
-        this->walk = FilterWalk(g.K / Cfg::BK, taps_s);
-        this->split_range(taps_r * taps_s * (g.K / Cfg::BK), int(blockIdx.z) % splits, splits);
-        int pb = (ph + g.pad - r0) / st, qb = (pw + g.pad - s0) / st;
+        this->walk = FilterWalk(g.K / Cfg::BK, phase.taps_s);
+        this->split_range(phase.taps() * (g.K / Cfg::BK), phase.split, phase.splits);
         for (int i = 0; i < ASlots::COUNT; ++i) {
-            int m = min(this->m0 + ASlots::row(i), this->rows - 1);
-            int j = m % phase_w, ii = m / phase_w % phase_h, n = m / (phase_w * phase_h);
-            int p = pb + ii, q = qb + j;
-            this->a_element[i] = ((n * g.P + p) * g.Q + q) * g.K + ASlots::chunk() * Cfg::EPC;
-            this->a_inside[i] = inside_bits(p, taps_r, g.P, true) | inside_bits(q, taps_s, g.Q, true) << 16;
+            PhasePixel pixel = phase.pixel(g, min(this->m0 + ASlots::row(i), this->rows - 1));
+            this->a_element[i] = pixel.dy_element + ASlots::chunk() * Cfg::EPC;
+            this->a_inside[i] = pixel.inside;
         }
         for (int i = 0; i < BSlots::COUNT; ++i) {
             int c = min(this->n0 + BSlots::chunk() * Cfg::EPC, g.C - Cfg::EPC);
-            this->b_element[i] = BSlots::row(i) * g.rsc() + (r0 * g.S + s0) * g.C + c;
+            this->b_element[i] = BSlots::row(i) * g.rsc() + phase.w_first_tap(g) + c;
         }
-        // per tile the next BK output channels; per tap column one dY column back and st filter
-        // columns on; per tap row one dY row back and st filter rows on
-        this->a_offset = {0, Cfg::BK, -2 * g.K, -(g.Q - taps_s) * g.K};
-        this->b_offset = {0, Cfg::BK * g.rsc(), st * g.C - g.K * g.rsc(), st * g.S * g.C - taps_s * st * g.C};
+        this->a_offset = phase.dy_walk(g, Cfg::BK);
+        this->b_offset = phase.w_walk(g, Cfg::BK);
         this->start();
     }
-    __device__ long long out_row(int m) const {
-        int j = m % phase_w, i = m / phase_w % phase_h, n = m / (phase_w * phase_h);
-        const Geometry& g = this->g;
-        return (((long long)n * g.H + ph + i * g.stride) * g.W + pw + j * g.stride) * g.C;
-    }
+    __device__ long long out_row(int m) const { return phase.dx_row(this->g, m); }
     __device__ void finish(const T* tile, T* out, float* scratch) const {
         if constexpr (FUSE & FUSE_DRELU) store_masked_with_sums<Cfg>(*this, tile, out, fused.y, fused.norm, slab, scratch);
         else write_tile<Cfg>(*this, tile, out);

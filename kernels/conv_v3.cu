@@ -160,7 +160,7 @@ struct FwdPass : BlockTile<Cfg> {
     __device__ long long out_row(int m) const { return (long long)m * this->g.K; }
 };
 
-// Grad-input, phase (ph, pw) = blockIdx.z / splits (kernels/conv_v2.cu's DgradPass): A: dy at
+// Grad-input, one phase of the stride's (DgradPhase in conv_gather.cuh): A: dy at
 // the pixel's taps, K-major; B: w over (tap, k) × c, MN-major.
 template <class Cfg>
 struct DgradPass : BlockTile<Cfg> {
@@ -168,37 +168,28 @@ struct DgradPass : BlockTile<Cfg> {
     using ARuns = Runs<Cfg::BM>;
     using BRuns = Runs<Cfg::BN>;  // BN / 64 blocks of BK rows
     const bf16 *dy, *w;
-    int ph, pw, phase_w, phase_h;
+    DgradPhase phase;
     unsigned a_element[ARuns::COUNT], a_inside[ARuns::COUNT];
     unsigned b_row;  // w's element at this thread's k and the phase's first tap
     int b_column0;  // the column of this thread's first chunk
     FilterWalk walk;
     WalkOffset a_offset, b_offset;
 
-    __device__ DgradPass(const Geometry& g_, const bf16* dy_, const bf16* w_) : BlockTile<Cfg>(g_), dy(dy_), w(w_) {
+    __device__ DgradPass(const Geometry& g_, const bf16* dy_, const bf16* w_)
+        : BlockTile<Cfg>(g_), dy(dy_), w(w_), phase(g_) {
         const Geometry& g = this->g;
-        int st = g.stride, splits = int(gridDim.z) / (st * st), phase = int(blockIdx.z) / splits;
-        ph = phase / st, pw = phase % st;
-        int r0 = (ph + g.pad) % st, s0 = (pw + g.pad) % st;
-        int taps_r = (g.R - r0 + st - 1) / st, taps_s = (g.S - s0 + st - 1) / st;
-        phase_h = (g.H - ph + st - 1) / st, phase_w = (g.W - pw + st - 1) / st;
-        this->rows = g.N * phase_h * phase_w, this->columns = g.C;
-        walk = FilterWalk(g.K / Cfg::BK, taps_s);
-        this->share(taps_r * taps_s * (g.K / Cfg::BK), int(blockIdx.z) % splits, splits);
-        int pb = (ph + g.pad - r0) / st, qb = (pw + g.pad - s0) / st;
+        this->rows = phase.rows(g), this->columns = g.C;
+        walk = FilterWalk(g.K / Cfg::BK, phase.taps_s);
+        this->share(phase.taps() * (g.K / Cfg::BK), phase.split, phase.splits);
         for (int i = 0; i < ARuns::COUNT; ++i) {
-            int m = min(this->m0 + ARuns::row(i), this->rows - 1);
-            int j = m % phase_w, ii = m / phase_w % phase_h, n = m / (phase_w * phase_h);
-            int p = pb + ii, q = qb + j;
-            a_element[i] = ((n * g.P + p) * g.Q + q) * g.K + ARuns::chunk(0) * 8;
-            a_inside[i] = inside_bits(p, taps_r, g.P, true) | inside_bits(q, taps_s, g.Q, true) << 16;
+            PhasePixel pixel = phase.pixel(g, min(this->m0 + ARuns::row(i), this->rows - 1));
+            a_element[i] = pixel.dy_element + ARuns::chunk(0) * 8;
+            a_inside[i] = pixel.inside;
         }
-        b_row = BRuns::row(0) * g.rsc() + (r0 * g.S + s0) * g.C;
+        b_row = BRuns::row(0) * g.rsc() + phase.w_first_tap(g);
         b_column0 = this->n0 + BRuns::chunk(0) * 8;
-        // per tile the next BK output channels; per tap column one dY column back and st filter
-        // columns on; per tap row one dY row back and st filter rows on
-        a_offset = {0, Cfg::BK, -2 * g.K, -(g.Q - taps_s) * g.K};
-        b_offset = {0, Cfg::BK * g.rsc(), st * g.C - g.K * g.rsc(), st * g.S * g.C - taps_s * st * g.C};
+        a_offset = phase.dy_walk(g, Cfg::BK);
+        b_offset = phase.w_walk(g, Cfg::BK);
         for (int t = 0; t < this->tiles_begin; ++t) advance();
     }
     __device__ void advance() {
@@ -217,11 +208,7 @@ struct DgradPass : BlockTile<Cfg> {
                 copy_chunk(b_tile, BRuns::offset(i, j), w, row + min(b_column0 + 64 * i + 16 * j, this->g.C - 8));
         advance();
     }
-    __device__ long long out_row(int m) const {
-        int j = m % phase_w, i = m / phase_w % phase_h, n = m / (phase_w * phase_h);
-        const Geometry& g = this->g;
-        return (((long long)n * g.H + ph + i * g.stride) * g.W + pw + j * g.stride) * g.C;
-    }
+    __device__ long long out_row(int m) const { return phase.dx_row(this->g, m); }
 };
 
 // Grad-weight: dW[k, (r, s, c)] = Σ_{npq} dY[npq, k] · X[n, p·st − pad + r, q·st − pad + s, c],
