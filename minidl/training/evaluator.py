@@ -13,6 +13,7 @@ from minidl import kernels
 from minidl.autograd import no_grad
 from minidl.backend import to_numpy
 from minidl.distributed import watchdog
+from minidl.errors import UserError
 from minidl.training.forward import forward_loss
 
 
@@ -60,5 +61,8 @@ class Evaluator:
                 top5 += count_correct(host_logits, labels, 5)
                 count += len(labels)
         loss_sum, top1, top5, count, skipped = self.comm.sum([loss_sum, top1, top5, count, self.loader.skipped])
+        if count == 0 and skipped:  # every rank knows it: each stops with the same line
+            raise UserError(f"every validation image ({int(skipped)}) could not be decoded (moved, deleted or "
+                            "damaged files): repair the validation set, then continue with --resume auto")
         return {"val_loss": loss_sum / count, "val_top1": top1 / count, "val_top5": top5 / count,
                 "val_skipped": int(skipped)}

@@ -110,3 +110,18 @@ def test_bad_data_paths_give_one_line_and_exit_2(tmp_path):
         assert result.returncode == 2, result.stderr
         assert expected in result.stderr and str(path) in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_validation_set_whose_every_image_is_undecodable_stops_in_one_line(tmp_path):
+    data = make_embedded_dataset(tmp_path / "data", train_per_class=4, val_per_class=1)
+    images = [path for path in (data / "val").rglob("*") if path.is_file() and path.suffix in (".png", ".jpg")]
+    for path in images:
+        path.write_bytes(b"not an image")
+    result = train_cli("--data-path", str(data), "--model", "resnet20", "--epochs", "2", "-b", "8",
+                       "--train-crop-size", "32", "--val-crop-size", "32", "--val-resize-size", "32",
+                       "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors == [f"train.py: error: every validation image ({len(images)}) could not be decoded (moved, "
+                      "deleted or damaged files): repair the validation set, then continue with --resume auto"]
+    assert "Traceback" not in result.stderr and not (tmp_path / "run" / "metrics.jsonl").exists()
