@@ -11,6 +11,7 @@ from minidl.environment import cache_dir as default_cache_dir
 from minidl.errors import UserError
 from minidl.experiments.large_batch import PROG
 from minidl.experiments.large_batch.listing import listing
+from minidl.experiments.large_batch.store import cpu_flags
 from minidl.fileio import writable
 from minidl.models import MODELS
 from minidl.experiments.large_batch.rows import (DEFAULT_PARTS, LARS_MULTIPLES, N, PARTS, Design, batch_rows,
@@ -204,15 +205,6 @@ def use_device(device, argv):
 # OpenBLAS core types whose kernels use AVX-512: OpenBLAS takes them on any x86 CPU, which then stops
 # on an illegal instruction at the first product
 AVX512_CORE_TYPES = {"skylakex", "cooperlake", "sapphirerapids"}
-
-
-def cpu_flags():
-    """The instruction-set flags of this CPU (/proc/cpuinfo); empty where the file is not there."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return set()
-    return set(next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith("flags")), "").split())
 
 
 def check_kernels(args):

@@ -3,9 +3,12 @@
 A run folder holds the trainer's own outputs (metrics, checkpoints, its printed lines in
 train.log) and `settings.json`, what the run was started with. Asking again for a finished run
 reads its result; an interrupted one resumes from its last checkpoint; a folder made with other
-settings is refused (another --output-dir keeps both).
+settings is refused (another --output-dir keeps both). While a process trains a run it holds a
+lock on the folder's `claim` file, so that several processes of one machine can share a study's
+output folder and store, each training other runs (the lock goes with its process).
 """
 import contextlib
+import fcntl
 import json
 from pathlib import Path
 
@@ -25,6 +28,22 @@ MISSING = object()  # a setting one side of a comparison does not have
 
 class Interrupted(Exception):
     """A signal stopped a run after its checkpoint: rerunning the study resumes it."""
+
+
+class Busy(Exception):
+    """Another process is training this run."""
+
+
+@contextlib.contextmanager
+def claimed(run_dir):
+    """Hold `run_dir` for this process while it trains there; Busy where another process holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "claim", "a") as claim:
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(run_dir) from None
+        yield
 
 
 def as_json(values):
@@ -92,23 +111,32 @@ def finished(row, seed, design, data, output_dir, store=None):
 
 def run_once(row, seed, design, data, output_dir, store=None):
     """The result of `row` with `seed` (a dict, `cached` true when nothing was trained): from its run
-    folder, else from `store` (a Store, or None), else trained now and added to both."""
+    folder, else from `store` (a Store, or None), else trained now and added to both. Busy where
+    another process is training it."""
+    cached = cached_result(row, seed, design, data, output_dir, store)
+    if cached:
+        return cached
+    run_dir, config, settings = prepared(row, seed, design, data, output_dir)
+    with claimed(run_dir):
+        cached = cached_result(row, seed, design, data, output_dir, store)  # finished by another meanwhile
+        if cached:
+            return cached
+        result_path, settings_path = run_dir / "result.json", run_dir / "settings.json"
+        if settings_path.exists():
+            check_settings(run_dir, read_json(settings_path), settings)
+        write_json_atomic(settings_path, settings)
+        diverged = train_quietly(config, run_dir / "train.log")
+        result = result_of(row, seed, design, settings, run_dir, diverged)
+        keep(store, result)  # before result.json: a process that finds the folder finished finds the record
+        write_json_atomic(result_path, result)
+    return dict(result, cached=False)
+
+
+def cached_result(row, seed, design, data, output_dir, store):
     where, result = finished(row, seed, design, data, output_dir, store)
     if where == "folder":
         keep(store, result)
-    if result:
-        return dict(result, cached=True)
-    run_dir, config, settings = prepared(row, seed, design, data, output_dir)
-    result_path, settings_path = run_dir / "result.json", run_dir / "settings.json"
-    if settings_path.exists():
-        check_settings(run_dir, read_json(settings_path), settings)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(settings_path, settings)
-    diverged = train_quietly(config, run_dir / "train.log")
-    result = result_of(row, seed, design, settings, run_dir, diverged)
-    write_json_atomic(result_path, result)
-    keep(store, result)
-    return dict(result, cached=False)
+    return dict(result, cached=True) if result else None
 
 
 def check_kernel(run_dir, result):
@@ -120,9 +148,12 @@ def check_kernel(run_dir, result):
 
 
 def keep(store, result):
-    """Add a finished run to the store unless it is there (a folder finished before the store was given)."""
-    if store is not None and not store.find(result["row"], result["seed"], blas_kernel(),
-                                            lambda recorded: recorded == result["settings"]):
+    """Add a finished run to the store unless it is there (a folder finished before the store was given,
+    or a run another process added)."""
+    if store is None:
+        return
+    store.refresh()
+    if not store.find(result["row"], result["seed"], blas_kernel(), lambda recorded: recorded == result["settings"]):
         store.add({**provenance(), **result})
 
 

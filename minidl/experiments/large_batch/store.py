@@ -47,6 +47,15 @@ def processor():
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
 
 
+def cpu_flags():
+    """The instruction-set flags of this CPU (/proc/cpuinfo's first "flags" line); empty where unknown."""
+    try:
+        lines = CPU_INFO.read_text().splitlines()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "").split())
+
+
 def provenance():
     """The fields a new record gets besides its result: the kernel (part of its key) and, for the reader,
     the BLAS threads and the processor."""
@@ -55,11 +64,15 @@ def provenance():
 
 class Store:
     """The records of one store file, read once; `add` appends a line to the file at once (a run
-    finished is kept even if the study stops right after)."""
+    finished is kept even if the study stops right after); `refresh` reads what other processes
+    of the study have appended since."""
 
     def __init__(self, path):
         self.path = Path(path)
         self.records = read_records(self.path)
+
+    def refresh(self):
+        self.records = read_records(self.path, complete_lines_only=True)
 
     def find(self, row_key, seed, kernel, same_settings):
         """The record of `row_key`, `seed` under `kernel` whose settings pass `same_settings`, or None."""
@@ -72,14 +85,19 @@ class Store:
         self.records.append(record)
 
 
-def read_records(path):
+def read_records(path, complete_lines_only=False):
+    """The records of the store file `path`; `complete_lines_only`: without a last line another
+    process is still appending (no newline yet)."""
     if not path.exists():
         return []
     records = []
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text()
     except OSError as error:
         raise UserError(f"cannot read the run store {path} ({error.strerror}): give a readable --store") from None
+    lines = text.splitlines()
+    if complete_lines_only and text and not text.endswith("\n"):
+        lines.pop()
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)

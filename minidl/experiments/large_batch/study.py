@@ -3,6 +3,7 @@ warmup, batch-size-control and LARS rows, the label-smoothing part on noisy labe
 sweep, and LARS under You et al.'s protocol; its outputs (results.json, table.md, figures); and the
 sweeps that pick the rates."""
 import dataclasses
+import time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -11,10 +12,11 @@ from minidl.data import make_embedded_dataset
 from minidl.experiments.large_batch import protocol, report
 from minidl.experiments.large_batch.rows import (DEFAULT_PARTS, N, Row, batch_rows, control_rows, lars_rows,
                                                  protocol_tuning_rows, smoothing_rows, warmup_rows)
-from minidl.experiments.large_batch.runs import run_once
+from minidl.experiments.large_batch.runs import Busy, run_once
 from minidl.fileio import write_json_atomic
 
 NOISY_FOLDER = "label-noise"  # part 5's runs, under the output folder: other data, so other run folders
+BUSY_POLL_SECONDS = 5  # how often a run another process trains is looked for
 
 
 @dataclasses.dataclass
@@ -111,14 +113,29 @@ def missing(rows, seeds, results):
 
 def run_all(pairs, design, data, output_dir, results, bar, label="", store=None):
     """Each (row, seed) into `results` (from `store` where it holds them); one line per run trained now
-    (`label` first)."""
-    for row, seed in pairs:
+    (`label` first). Runs another process is training are left for last, then waited for (or trained
+    here, should that process stop)."""
+    def take(row, seed):
         result = results[row, seed] = run_once(row, seed, design, data, output_dir, store)
         bar.update(1)
         if not result["cached"]:
             bar.write(f"{label}{row.name}, seed {seed}: val error {result['val_error']:.2f}%"
                       f"{' (diverged)' if result['diverged'] else ''}, {result['steps']} steps, "
                       f"{result['wall_seconds']:.0f} s")
+
+    busy = []
+    for row, seed in pairs:
+        try:
+            take(row, seed)
+        except Busy:
+            busy.append((row, seed))
+    for row, seed in busy:
+        while True:
+            try:
+                take(row, seed)
+                break
+            except Busy:
+                time.sleep(BUSY_POLL_SECONDS)
 
 
 def run_study(design, output_dir, cache_dir, selected=DEFAULT_PARTS, store=None):
