@@ -47,6 +47,8 @@ def repeat_in_a_child(first, second, slurm_job):
     code = textwrap.dedent(f"""
         import signal
         from minidl.training.preemption import StopRequest
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: a job started in the
+        # background of a shell (nohup ... &) inherits SIGINT ignored, and Python then leaves it so
         with StopRequest():
             signal.raise_signal(signal.{first})
             signal.raise_signal(signal.{second})
