@@ -33,7 +33,8 @@
 // Epilogue: the accumulators go through shared memory (rows padded by 16 bytes) and leave as
 // 16-byte stores, in the data type or, when the reduction is split over blockIdx.z (split-K:
 // grids too small to fill the GPU, and grad-weight's long reduction), as fp32 partial tiles
-// that splitk_reduce_v2 sums in a fixed order: the result does not depend on scheduling.
+// that splitk_reduce (kernels/splitk_reduce.cuh) sums in a fixed order: the result does not depend
+// on scheduling.
 //
 // Batch norm fused in (the FUSE template argument of each kernel; kernels/conv_v2_norm.cuh):
 // forward and grad-weight may read relu(x·scale + shift) for x, forward may give its output's
@@ -43,14 +44,12 @@
 #include "ptx.cuh"
 #include "conv_gather.cuh"
 #include "conv_v2_norm.cuh"
+#include "splitk_reduce.cuh"
 
 #ifndef DYNAMIC_SHARED_MEMORY  // the CPU emulator (tests/kernels/emu) defines its own
 #define DYNAMIC_SHARED_MEMORY(type, name)                                    \
     extern __shared__ __align__(128) unsigned char dynamic_shared_bytes[]; \
     type* name = reinterpret_cast<type*>(dynamic_shared_bytes)
-#endif
-#ifndef SPLITK_V2_THREADS
-#error "compile with the options of minidl/kernels/conv_v2.py (SPLITK_V2_THREADS)"
 #endif
 
 // ---- the tile configuration -------------------------------------------------------------------
@@ -646,15 +645,4 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     conv_wgrad_v2(const Data<Cfg>* x, const Data<Cfg>* dy, float* out, CONV_GEOMETRY, NORM_ARGS) {
     WgradPass<Cfg, FUSE> pass(GEOMETRY, x, dy, NORM);
     implicit_gemm<Cfg>(pass, out, gridDim.z > 1 ? out : nullptr, (long long)pass.rows * pass.columns);
-}
-
-// out[i] = Σ_z partial[z][i], z in order, rounded once to the output's type
-template <typename T>
-__global__ void __launch_bounds__(SPLITK_V2_THREADS) splitk_reduce_v2(const float* partial, T* out, long long count,
-                                                                      int splits) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
-        float sum = 0.0f;
-        for (int z = 0; z < splits; ++z) sum += partial[z * count + i];
-        out[i] = from_float<T>(sum);
-    }
 }

@@ -27,6 +27,8 @@
 // consecutive. Without groups (plain kernels) that is one group of all N images.
 #pragma once
 
+#include "convert.cuh"
+
 #if !defined(NORM_ROWS) || !defined(NORM_SCALE) || !defined(NORM_SHIFT) || !defined(NORM_MEAN) || \
     !defined(NORM_TABLE_BYTES)
 #error "compile with the options of minidl/kernels/conv_v2.py (the NORM_* layout of minidl/kernels/batchnorm.py)"
@@ -90,12 +92,6 @@ struct ChannelRun {
 };
 
 // ---- the normalizing load ---------------------------------------------------------------------------
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // The scale and shift of one chunk's channels, read from the table once and applied to every
 // chunk of those channels: relu(x·scale + shift) in place, where `inside` (elsewhere the chunk

@@ -51,13 +51,14 @@
 //
 // Epilogue: each consumer thread writes its accumulators (the fragment of kernels/wgmma.cuh) as
 // pairs straight to global memory, rows and columns outside the product skipped; in the data
-// type, or split over blockIdx.z, as fp32 partial tiles that splitk_reduce_v2 (conv_v2.cu) sums
+// type, or split over blockIdx.z, as fp32 partial tiles that splitk_reduce (splitk_reduce.cuh) sums
 // in a fixed order.
 #include <cuda_bf16.h>
 
 #include "ptx.cuh"
 #include "wgmma.cuh"
 #include "conv_gather.cuh"
+#include "splitk_reduce.cuh"
 
 #ifndef DYNAMIC_SHARED_MEMORY  // the CPU emulator (tests/kernels/emu) defines its own
 #define DYNAMIC_SHARED_MEMORY(type, name)                                    \

@@ -119,10 +119,6 @@ def record(family, conv_pass, shape, dtype="bf16", tile=None, splits=None, multi
                         f"for {conv_pass} {dtype} {','.join(map(str, shape))}: "
                         f"it offers {', '.join(p.label() for p in offered) or 'none'} (choose with --tile, --splits)")
     output = call(chosen[0])
-    sources = sorted({launch.family for launch in recorder.launches})
-    if len(sources) > 1:  # a split v3 plan: its sum is conv_v2.cu's splitk_reduce_v2
-        raise UserError(f"plan {chosen[0].label()} launches kernels of {' and '.join(sources)}, whose sources define "
-                        "the same names and cannot share one program: choose --splits 1 (no split-K sum)")
     return RecordedPlan(family, conv_pass, mode, geometry, chosen[0], recorder.launches,
                 _buffers(recorder.launches, operands, output, ROLES[conv_pass]))
 

@@ -18,8 +18,9 @@ from minidl.kernels.launch import NULL, cxx_type, i32, pointer
 
 FAMILY = "conv_v2"
 SPLITK_THREADS = 256
+SPLIT_SUMS = tuple(f"splitk_reduce<{cxx_type(t)}>" for t in (numpy.float32, BF16))  # in v2's and v3's modules
 NORM_TABLE_BYTES = 16384  # a normalizing pass's scale and shift in shared memory, after its stages
-DEFINES = {"SPLITK_V2_THREADS": SPLITK_THREADS, "NORM_TABLE_BYTES": NORM_TABLE_BYTES, **NORM_DEFINES}
+DEFINES = {"SPLITK_THREADS": SPLITK_THREADS, "NORM_TABLE_BYTES": NORM_TABLE_BYTES, **NORM_DEFINES}
 PASSES = ("conv_fwd", "conv_dgrad", "conv_wgrad")
 MAX_SPLITS = 64
 NORMALIZE, STATS, DRELU = 1, 2, 4  # conv_v2_norm.cuh's FUSE bits
@@ -133,7 +134,7 @@ TILES = {t.name: t for t in (
     V2Tile("tf32_128x256", numpy.float32, 128, 256, 32, 64, 64, 3),
 )}
 NAMES = tuple(tile.kernel(p, fuse) for p in PASSES for tile in TILES.values() if tile.serves(p)
-              for fuse in FUSIONS[p]) + tuple(f"splitk_reduce_v2<{cxx_type(t)}>" for t in (numpy.float32, BF16))
+              for fuse in FUSIONS[p]) + SPLIT_SUMS
 
 
 def launch(launcher, conv_pass, tile, splits, geometry, a, b, out, fusion=None):
@@ -162,7 +163,12 @@ def launch(launcher, conv_pass, tile, splits, geometry, a, b, out, fusion=None):
     launcher.launch(FAMILY, tile.kernel(conv_pass, fusion.bits), grid, (tile.threads,),
                     (*arguments, *i32(*geometry), *norm_arguments), shared_mem=tile.shared_bytes(fusion))
     if partial is not None:
-        launcher.launch(FAMILY, f"splitk_reduce_v2<{cxx_type(out.dtype)}>",
-                        launcher.elementwise_grid(out.size, SPLITK_THREADS), (SPLITK_THREADS,),
-                        (partial, out, numpy.int64(out.size), numpy.int32(splits)))
+        sum_splits(launcher, FAMILY, partial, out)
     return sums
+
+
+def sum_splits(launcher, family, partial, out):
+    """out = the sum over the first axis of `partial`, in order: splitk_reduce (kernels/splitk_reduce.cuh)
+    of `family`'s module."""
+    launcher.launch(family, f"splitk_reduce<{cxx_type(out.dtype)}>", launcher.elementwise_grid(out.size, SPLITK_THREADS),
+                    (SPLITK_THREADS,), (partial, out, numpy.int64(out.size), numpy.int32(len(partial))))

@@ -3,7 +3,7 @@ a producer warpgroup filling shared-memory stages with cp.async and consumer war
 multiplying them, synchronized by mbarriers (the opening comment of the .cu explains them).
 Built for sm_90a only (`ARCH`: another GPU records every v3 plan unavailable, never runs one).
 A `V3Tile` is written once, here, and reaches conv_v3.cu as template arguments; `launch` runs one
-pass with a given split of the reduction, conv_v2.cu's splitk_reduce_v2 summing the splits. No
+pass with a given split of the reduction, splitk_reduce (kernels/splitk_reduce.cuh) summing the splits. No
 TF32 (wgmma reads 32-bit operands K-major only, grad-weight's are MN-major), no fused batch norm.
 
 Details: docs/kernels.md, "Convolution kernels v3 (wgmma, sm_90a)".
@@ -13,12 +13,12 @@ import numpy
 from minidl.backend import BF16, get_array_module
 from minidl.intmath import ceil_div
 from minidl.kernels import conv_v2
-from minidl.kernels.launch import NULL, cxx_type, i32
+from minidl.kernels.launch import NULL, i32
 from minidl.kernels.loader import SM_90A
 
 FAMILY = "conv_v3"
 ARCH = SM_90A  # wgmma and setmaxnreg
-DEFINES = {}
+DEFINES = {"SPLITK_THREADS": conv_v2.SPLITK_THREADS}
 PASSES = conv_v2.PASSES
 FUSIONS = {conv_pass: (0,) for conv_pass in PASSES}  # the plain passes only: no batch-norm fusion here
 BK = 64  # reduction elements per stage: one 128-byte swizzled row
@@ -86,7 +86,7 @@ TILES = {t.name: t for t in (
     V3Tile("bf16_128x128", 128, 2, 4, 48, 224),  # 129 KiB
     V3Tile("bf16_128x256", 256, 2, 4, 48, 224),  # 193 KiB
 )}
-NAMES = tuple(tile.kernel(p) for p in PASSES for tile in TILES.values() if tile.serves(p))
+NAMES = tuple(tile.kernel(p) for p in PASSES for tile in TILES.values() if tile.serves(p)) + conv_v2.SPLIT_SUMS
 
 
 def launch(launcher, conv_pass, tile, splits, geometry, a, b, out):
@@ -102,6 +102,4 @@ def launch(launcher, conv_pass, tile, splits, geometry, a, b, out):
     launcher.launch(FAMILY, tile.kernel(conv_pass), grid, (tile.threads,), (*arguments, *i32(*geometry)),
                     shared_mem=tile.smem_bytes)
     if partial is not None:
-        launcher.launch(conv_v2.FAMILY, f"splitk_reduce_v2<{cxx_type(out.dtype)}>",
-                        launcher.elementwise_grid(out.size, conv_v2.SPLITK_THREADS), (conv_v2.SPLITK_THREADS,),
-                        (partial, out, numpy.int64(out.size), numpy.int32(splits)))
+        conv_v2.sum_splits(launcher, FAMILY, partial, out)

@@ -10,8 +10,8 @@ Fault injection, for tests of what survives a broken kernel (the product has non
 EMULATED_DEVICE_BREAK=v2 makes every launch of a conv_v2 kernel kill its process as a sticky GPU
 fault loses it ("illegal address (injected)" on stderr, then abort); EMULATED_DEVICE_BREAK=v2-wrong
 makes the conv_v2 kernels write a wrong result, EMULATED_DEVICE_BREAK=v2-hang never return (a
-kernel that deadlocks); v3, v3-wrong and v3-hang do the same to the conv_v3 kernels (a split v3
-plan's sum, splitk_reduce_v2, is conv_v2's); EMULATED_DEVICE_BREAK_KERNELS=TEXT limits any of them
+kernel that deadlocks); v3, v3-wrong and v3-hang do the same to the conv_v3 kernels (a split
+plan's sum, splitk_reduce, among them); EMULATED_DEVICE_BREAK_KERNELS=TEXT limits any of them
 to the kernels whose name holds TEXT (e.g. "256, 128, 64": the bf16 256×128 tile of v2).
 """
 import os

@@ -64,7 +64,7 @@ def test_v2_tile_against_the_reference(emulated, tile, conv_pass, shape):
 
 @pytest.mark.parametrize("conv_pass, shape", [(p, s[-1]) for p, s in SHAPES["bf16"].items()])
 def test_split_reductions_sum_in_order(emulated, conv_pass, shape):
-    """Three splits of the reduction (fp32 partial tiles, then splitk_reduce_v2): the same result."""
+    """Three splits of the reduction (fp32 partial tiles, then splitk_reduce): the same result."""
     ours, reference = run_pass(emulated, "bf16", conv_pass, shape, Plan("v2", "bf16_128x128", 3))
     oracle.assert_close(ours, reference, oracle.TOLERANCE["bf16"], f"3 splits {conv_pass}")
 

@@ -10,11 +10,10 @@ as a wrong result or a reported error."""
 import numpy
 import pytest
 
-import emulator
 import oracle
 from emulated_device import emulated_module
 from minidl.bench.kernels import resnet50_convs
-from minidl.kernels import conv_v3, loader
+from minidl.kernels import conv_v3
 from minidl.kernels.autotune import Plan
 from minidl.kernels.launch import Launcher
 from test_emulated_conv_v2 import run_pass
@@ -25,16 +24,10 @@ CASES = [(tile.name, conv_pass, shape) for tile in conv_v3.TILES.values() for co
 
 
 class V3Kernels:
-    """The three passes with a v3 plan, over the emulator (conv_v3 and conv_v2's split-K sum)."""
+    """The three passes with a v3 plan, over the emulator (conv_v3's kernels and its split-K sum)."""
 
     def __init__(self):
-        self.launcher = Launcher(self.module, 2)
-
-    @staticmethod
-    def module(family):
-        if family == conv_v3.FAMILY:
-            return emulator.load(str(loader.source_path(family)), conv_v3.NAMES)
-        return emulated_module(family)
+        self.launcher = Launcher(emulated_module, 2)
 
     def run(self, conv_pass, geometry, operands, out, plan):
         conv_v3.launch(self.launcher, conv_pass, conv_v3.TILES[plan.tile], plan.splits, geometry, *operands, out)
@@ -76,7 +69,7 @@ def test_v3_tile_against_the_reference(v3, tile, conv_pass, shape):
 
 @pytest.mark.parametrize("conv_pass", list(SHAPES))
 def test_split_reductions_sum_in_order(v3, conv_pass):
-    """Three splits of the reduction (fp32 partial tiles, then splitk_reduce_v2): the same result."""
+    """Three splits of the reduction (fp32 partial tiles, then splitk_reduce): the same result."""
     shape = SHAPES[conv_pass][1]
     ours, reference = run_pass(v3, "bf16", conv_pass, shape, Plan("v3", "bf16_128x128", 3))
     oracle.assert_close(ours, reference, oracle.TOLERANCE["bf16"], f"3 splits {conv_pass}")
