@@ -37,23 +37,24 @@ def blas_threads():
     return next((pool["num_threads"] for pool in threadpoolctl.threadpool_info() if pool["user_api"] == "blas"), None)
 
 
-@functools.cache
-def processor():
-    """The CPU's model name, as /proc/cpuinfo gives it (a record says where its run was measured)."""
+def cpuinfo_field(name):
+    """The value of /proc/cpuinfo's first line that starts with `name`, or None."""
     try:
         lines = CPU_INFO.read_text().splitlines()
     except OSError:
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(name)), None)
+
+
+@functools.cache
+def processor():
+    """The CPU's model name, as /proc/cpuinfo gives it (a record says where its run was measured)."""
+    return cpuinfo_field("model name") or "unknown"
 
 
 def cpu_flags():
     """The instruction-set flags of this CPU (/proc/cpuinfo's first "flags" line); empty where unknown."""
-    try:
-        lines = CPU_INFO.read_text().splitlines()
-    except OSError:
-        return set()
-    return set(next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "").split())
+    return set((cpuinfo_field("flags") or "").split())
 
 
 def provenance():
